@@ -1,0 +1,67 @@
+"""Settings read from the environment, in one place.
+
+`AGENTS_REDIS_URL` unset means the embedded local default: a redis-server started from the
+package with its data under `AGENTS_HOME`, and steps run in the calling process.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+
+def _float_env(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError as exc:
+        raise ValueError(f"environment variable {name}={raw!r} is not a number") from exc
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Where state lives and how long things may take."""
+
+    redis_url: str | None = None
+    broker_url: str | None = None
+    prefix: str = "agents"
+    home: Path = field(default_factory=lambda: Path("~/.local/share/celery-agents").expanduser())
+    #: hard limit of one step (LLM call + inline tools); the soft limit is a bit shorter
+    step_time_limit: float = 600.0
+    #: hard limit of one runAsync / runIsolated tool task
+    tool_time_limit: float = 900.0
+    #: the broker redelivers an unacknowledged message after this long: it must exceed every limit
+    visibility_timeout: float = 3600.0
+    #: how long a step holds its session lease before another worker may take over
+    lease_seconds: float = 30.0
+    #: how often worker services sweep owed steps, deadlines and lapsed leases
+    sweep_interval: float = 1.0
+    #: an owed step not started after this long is published again
+    owed_grace: float = 10.0
+    #: events kept per session (approximate cap of the stream)
+    events_maxlen: int = 2000
+
+    @property
+    def embedded(self) -> bool:
+        return self.redis_url is None
+
+    @classmethod
+    def from_env(cls, **overrides: object) -> Settings:
+        env = os.environ
+        home = env.get("AGENTS_HOME")
+        s = cls(
+            redis_url=env.get("AGENTS_REDIS_URL") or None,
+            broker_url=env.get("AGENTS_BROKER_URL") or None,
+            prefix=env.get("AGENTS_PREFIX") or "agents",
+            home=Path(home).expanduser() if home else Path("~/.local/share/celery-agents").expanduser(),
+            step_time_limit=_float_env("AGENTS_STEP_TIME_LIMIT", 600.0),
+            tool_time_limit=_float_env("AGENTS_TOOL_TIME_LIMIT", 900.0),
+            visibility_timeout=_float_env("AGENTS_VISIBILITY_TIMEOUT", 3600.0),
+            lease_seconds=_float_env("AGENTS_LEASE_SECONDS", 30.0),
+            sweep_interval=_float_env("AGENTS_SWEEP_INTERVAL", 1.0),
+            owed_grace=_float_env("AGENTS_OWED_GRACE", 10.0),
+        )
+        return replace(s, **overrides) if overrides else s  # type: ignore[arg-type]

@@ -1,0 +1,101 @@
+"""The named failures of celery-agents.
+
+Every error a user can meet is one of these: each carries the contract's error code and the CLI's
+exit code, so the CLI maps them to output in one place and a library user can catch them by name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class AgentsError(Exception):
+    """Base of every celery-agents error; `code` is the contract's error code."""
+
+    code = "internal_error"
+    exit_code = 1
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.details:
+            body["details"] = self.details
+        return {"error": body}
+
+
+class InvalidInput(AgentsError):
+    """A command was used wrongly (missing prompt, bad option value)."""
+
+    code = "invalid_input"
+    exit_code = 2
+
+
+class InvalidAgentFile(InvalidInput):
+    """The agent file cannot be used; the message names the file, the field and the fix."""
+
+    code = "invalid_agent_file"
+
+
+class InvalidResult(InvalidInput):
+    """A tool result handed to `complete` cannot be used (empty file, unreadable)."""
+
+    code = "invalid_result"
+
+
+class UnknownSession(AgentsError):
+    code = "unknown_session"
+    exit_code = 3
+
+
+class UnknownToken(AgentsError):
+    code = "unknown_token"
+    exit_code = 3
+
+
+class TokenConflict(AgentsError):
+    """The token exists but can no longer be completed."""
+
+    exit_code = 5
+
+
+class TokenAlreadyCompleted(TokenConflict):
+    code = "token_already_completed"
+
+
+class TokenExpired(TokenConflict):
+    code = "token_expired"
+
+
+class TokenCancelled(TokenConflict):
+    code = "token_cancelled"
+
+
+class SessionNotAdvanceable(AgentsError):
+    """The session is cancelled, failed, completed or otherwise cannot take this command."""
+
+    code = "session_not_advanceable"
+    exit_code = 5
+
+
+class RedisUnavailable(AgentsError):
+    code = "redis_unavailable"
+    exit_code = 1
+
+
+class WaitTimeout(AgentsError):
+    """The wait for workers ran out; the work itself goes on."""
+
+    code = "wait_timeout"
+    exit_code = 4
+
+
+TOKEN_ERRORS: dict[str, type[AgentsError]] = {
+    "unknown": UnknownToken,
+    "completed": TokenAlreadyCompleted,
+    "expired": TokenExpired,
+    "cancelled": TokenCancelled,
+}

@@ -1,0 +1,168 @@
+"""Calling a model through litellm: request in, `LlmTurn` out, failures classified and retried.
+
+Retries happen here only (the SDK's own retries are switched off): transient failures are retried
+with exponential backoff and full jitter, honouring `Retry-After`, within one budget per step.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from celery_agents.llm.errors import classify
+from celery_agents.model import LlmTurn, ToolCall, Usage
+from celery_agents.scheduler.ports import LlmFailure, LlmRequest
+
+_setup_lock = threading.Lock()
+_ready = False
+
+
+def ensure_litellm() -> Any:
+    """Import litellm once, offline-friendly and quiet, with the demo provider registered."""
+    global _ready
+    with _setup_lock:
+        if not _ready:
+            os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+            os.environ.setdefault("LITELLM_LOG", "ERROR")
+            import litellm
+
+            from celery_agents.llm.demo import register_demo_provider
+
+            litellm.suppress_debug_info = True
+            litellm.telemetry = False
+            register_demo_provider(litellm)
+            _ready = True
+    import litellm
+
+    return litellm
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How transient failures are retried within one step."""
+
+    attempts: int = 4
+    backoff: float = 1.0
+    max_backoff: float = 30.0
+    #: a model call may take this long before it counts as a transient timeout
+    timeout: float = 120.0
+
+    @classmethod
+    def from_env(cls) -> RetryPolicy:
+        def f(name: str, default: float) -> float:
+            raw = os.environ.get(name)
+            return float(raw) if raw else default
+
+        return cls(attempts=int(f("AGENTS_LLM_ATTEMPTS", 4)), backoff=f("AGENTS_LLM_BACKOFF", 1.0),
+                   max_backoff=f("AGENTS_LLM_MAX_BACKOFF", 30.0), timeout=f("AGENTS_LLM_TIMEOUT", 120.0))
+
+    def delay(self, attempt: int, retry_after: float | None) -> float:
+        computed = random.uniform(0, min(self.max_backoff, self.backoff * (2 ** (attempt - 1))))
+        if retry_after is not None:
+            return min(max(retry_after, computed), self.max_backoff)
+        return computed
+
+
+def _api_key(request: LlmRequest) -> str | None:
+    agent = request.agent
+    if agent.api_key_env:
+        value = os.environ.get(agent.api_key_env)
+        if not value:
+            raise LlmFailure("missing_api_key", f"the environment variable {agent.api_key_env} (apiKeyEnv of agent "
+                             f"{agent.slug!r}) is not set in the worker's environment", transient=False)
+        return value
+    if agent.api_base and agent.model.startswith("openai/") and not os.environ.get("OPENAI_API_KEY"):
+        # Local OpenAI-compatible servers accept any key; the SDK refuses to run without one.
+        return "no-key"
+    return None
+
+
+def to_llm_turn(response: Any, duration_ms: float, now: float) -> LlmTurn:
+    """Map a litellm `ModelResponse` to an `LlmTurn`."""
+    choice = response.choices[0]
+    msg = choice.message
+    calls = []
+    for tc in getattr(msg, "tool_calls", None) or []:
+        fn = tc.function
+        calls.append(ToolCall(id=tc.id or "", name=fn.name or "", arguments=fn.arguments or "{}"))
+    usage = Usage()
+    u = getattr(response, "usage", None)
+    if u is not None:
+        details = getattr(u, "completion_tokens_details", None)
+        pdetails = getattr(u, "prompt_tokens_details", None)
+        usage = Usage(
+            prompt_tokens=int(getattr(u, "prompt_tokens", 0) or 0),
+            completion_tokens=int(getattr(u, "completion_tokens", 0) or 0),
+            total_tokens=int(getattr(u, "total_tokens", 0) or 0),
+            reasoning_tokens=int(getattr(details, "reasoning_tokens", 0) or 0) if details else 0,
+            cached_tokens=int(getattr(pdetails, "cached_tokens", 0) or 0) if pdetails else 0,
+        )
+    hidden = getattr(response, "_hidden_params", None) or {}
+    cost = hidden.get("response_cost")
+    if cost is not None:
+        usage = usage.model_copy(update={"cost": float(cost)})
+    blocks = getattr(msg, "thinking_blocks", None)
+    return LlmTurn(
+        text=msg.content if isinstance(msg.content, str) else None,
+        reasoning=getattr(msg, "reasoning_content", None) or None,
+        thinking_blocks=[dict(b) for b in blocks] if blocks else None,
+        tool_calls=calls,
+        usage=usage,
+        model=str(getattr(response, "model", "") or ""),
+        finish_reason=getattr(choice, "finish_reason", None),
+        at=now,
+        duration_ms=round(duration_ms, 3),
+    )
+
+
+class LitellmPort:
+    """The scheduler's `LlmPort` over `litellm.completion`."""
+
+    def __init__(self, retry: RetryPolicy | None = None, sleep: Callable[[float], None] = time.sleep,
+                 on_retry: Callable[[int, str, float], None] | None = None) -> None:
+        self.retry = retry or RetryPolicy.from_env()
+        self._sleep = sleep
+        self._on_retry = on_retry
+        self.requests = 0
+
+    def complete(self, request: LlmRequest) -> LlmTurn:
+        litellm = ensure_litellm()
+        agent = request.agent
+        kwargs: dict[str, Any] = {
+            "model": agent.model,
+            "messages": request.messages,
+            "timeout": self.retry.timeout,
+            "max_retries": 0,
+            "num_retries": 0,
+        }
+        if request.tools:
+            kwargs["tools"] = request.tools
+        if agent.api_base:
+            kwargs["api_base"] = agent.api_base
+        key = _api_key(request)
+        if key:
+            kwargs["api_key"] = key
+        kwargs.update(agent.model_params)
+        attempt = 0
+        while True:
+            attempt += 1
+            started = time.monotonic()
+            try:
+                self.requests += 1
+                response = litellm.completion(**kwargs)
+                return to_llm_turn(response, (time.monotonic() - started) * 1000, time.time())
+            except LlmFailure:
+                raise
+            except Exception as exc:
+                c = classify(exc)
+                if not c.transient or attempt >= self.retry.attempts:
+                    suffix = f" (after {attempt} attempts)" if c.transient else ""
+                    raise LlmFailure(c.code, c.message + suffix, transient=c.transient) from exc
+                delay = self.retry.delay(attempt, c.retry_after)
+                if self._on_retry:
+                    self._on_retry(attempt, c.code, delay)
+                self._sleep(delay)

@@ -1,0 +1,137 @@
+"""The offline demo model, `demo/<anything>`: deterministic, no network, served through litellm.
+
+It answers a weather question by calling the demo tools it is offered (`get_weather`,
+`get_forecast`, and `book_table` when asked to book), then writes its answer from their results.
+With no tools it answers at once, which makes it the benchmark's instant model.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+PROVIDER = "demo"
+
+_CITY = re.compile(r"\b(?:in|at|for)\s+([A-Z][\w\u00C0-\u017F'-]*(?:\s+[A-Z][\w\u00C0-\u017F'-]*)*)")
+_WEATHER = re.compile(r"weather|forecast|temperature|rain|sunny|umbrella|cold|warm", re.IGNORECASE)
+_BOOK = re.compile(r"\b(book|reserve|table)\b", re.IGNORECASE)
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return ""
+
+
+def _parse(content: str) -> Any:
+    try:
+        return json.loads(content)
+    except (json.JSONDecodeError, TypeError):
+        return content
+
+
+def _describe(name: str, content: str) -> str:
+    value = _parse(content)
+    if content.startswith("Error") or content.startswith("No result arrived"):
+        return f"I could not use {name}: {content}"
+    if name == "get_weather" and isinstance(value, dict):
+        return (f"Right now in {value.get('city')} it is {value.get('temperature_c')} °C and "
+                f"{value.get('conditions')}.")
+    if name == "get_forecast" and isinstance(value, dict):
+        days = ", ".join(f"{d.get('day')} {d.get('high_c')}/{d.get('low_c')} °C {d.get('conditions')}"
+                         for d in value.get("days", []))
+        return f"Forecast for {value.get('city')}: {days}."
+    if name == "book_table":
+        text = value if isinstance(value, str) else json.dumps(value)
+        return f"About the table: {text}"
+    return f"{name} returned: {content}"
+
+
+def demo_reply(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """The demo model's answer to a conversation: text, reasoning, tool calls, usage."""
+    offered = {t["function"]["name"] for t in tools or [] if t.get("type") == "function"}
+    turn_no = sum(1 for m in messages if m.get("role") == "assistant")
+    last = messages[-1] if messages else {"role": "user", "content": ""}
+    prompt_tokens = sum(len(json.dumps(m)) for m in messages) // 4
+    if last.get("role") == "tool":
+        names: dict[str, str] = {}
+        for m in reversed(messages):
+            if m.get("role") == "assistant":
+                names = {c["id"]: c["function"]["name"] for c in m.get("tool_calls") or []}
+                break
+        tail = []
+        for m in reversed(messages):
+            if m.get("role") != "tool":
+                break
+            tail.append(m)
+        parts = [_describe(names.get(m["tool_call_id"], "a tool"), _text_of(m.get("content"))) for m in reversed(tail)]
+        text = " ".join(parts)
+        return {"content": text, "reasoning": "All the tool results are in; I summarise them for the user.",
+                "tool_calls": [], "usage": (prompt_tokens, len(text) // 4 + 1)}
+    query = _text_of(last.get("content"))
+    match = _CITY.search(query)
+    city = match.group(1) if match else None
+    calls: list[dict[str, Any]] = []
+    if _WEATHER.search(query) and city:
+        if "get_weather" in offered:
+            calls.append({"name": "get_weather", "arguments": {"city": city}})
+        if "get_forecast" in offered:
+            calls.append({"name": "get_forecast", "arguments": {"city": city, "days": 3}})
+    if _BOOK.search(query) and "book_table" in offered:
+        calls.append({"name": "book_table", "arguments": {"city": city or "Paris", "when": "tomorrow 12:30",
+                                                          "seats": 2, "terrace": True}})
+    if calls:
+        reasoning = (f"The user asks about {city or 'a booking'}. I will call "
+                     + ", ".join(c["name"] for c in calls) + " and answer from their results.")
+        return {"content": None, "reasoning": reasoning,
+                "tool_calls": [{"id": f"call_{turn_no}_{i}", "name": c["name"],
+                                "arguments": json.dumps(c["arguments"])} for i, c in enumerate(calls)],
+                "usage": (prompt_tokens, 12 * len(calls))}
+    if _WEATHER.search(query):
+        text = "I can look up the weather when you name a city, for example: What is the weather in Paris?"
+    else:
+        text = f"(offline demo model) You said: {query.strip()[:500]}"
+    return {"content": text, "reasoning": None, "tool_calls": [], "usage": (prompt_tokens, len(text) // 4 + 1)}
+
+
+def register_demo_provider(litellm: Any) -> None:
+    """Register the `demo/` provider with litellm (idempotent)."""
+    if any(p.get("provider") == PROVIDER for p in litellm.custom_provider_map):
+        return
+    from litellm import CustomLLM
+    from litellm.types.utils import ChatCompletionMessageToolCall, Choices, Function, Message, Usage
+
+    def fill(model: str, messages: list[dict[str, Any]], optional_params: dict[str, Any], model_response: Any) -> Any:
+        reply = demo_reply(messages, optional_params.get("tools"))
+        tool_calls = [
+            ChatCompletionMessageToolCall(id=c["id"], type="function",
+                                          function=Function(name=c["name"], arguments=c["arguments"]))
+            for c in reply["tool_calls"]
+        ] or None
+        msg = Message(content=reply["content"], role="assistant", tool_calls=tool_calls,
+                      reasoning_content=reply["reasoning"])
+        model_response.choices = [Choices(index=0, message=msg, finish_reason="tool_calls" if tool_calls else "stop")]
+        p, c = reply["usage"]
+        model_response.usage = Usage(prompt_tokens=p, completion_tokens=c, total_tokens=p + c)
+        model_response.model = f"{PROVIDER}/{model}"
+        return model_response
+
+    class DemoLLM(CustomLLM):  # type: ignore[misc]
+        def completion(self, model: str, messages: list[dict[str, Any]], api_base: str, custom_prompt_dict: Any,
+                       model_response: Any, print_verbose: Any, encoding: Any, api_key: Any, logging_obj: Any,
+                       optional_params: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+            return fill(model, messages, optional_params, model_response)
+
+        async def acompletion(self, model: str, messages: list[dict[str, Any]], api_base: str,
+                              custom_prompt_dict: Any, model_response: Any, print_verbose: Any, encoding: Any,
+                              api_key: Any, logging_obj: Any, optional_params: dict[str, Any], *args: Any,
+                              **kwargs: Any) -> Any:
+            return fill(model, messages, optional_params, model_response)
+
+    litellm.custom_provider_map = [*litellm.custom_provider_map, {"provider": PROVIDER, "custom_handler": DemoLLM()}]
+    from litellm.utils import custom_llm_setup
+
+    custom_llm_setup()

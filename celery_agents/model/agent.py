@@ -1,0 +1,306 @@
+"""The agent file: model, tools and per-tool policy, as pydantic models.
+
+Field names are the agent file's own (camelCase). `load_agent_file` refuses an unusable file
+before anything is stored, with a message naming the file, the field and the fix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from celery_agents.errors import InvalidAgentFile
+
+DispositionTag = Literal["runSync", "runAsync", "runIsolated", "defer"]
+DISPOSITION_TAGS: tuple[str, ...] = ("runSync", "runAsync", "runIsolated", "defer")
+
+_TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=True)
+
+
+class Disposition(_Spec):
+    """How a tool call runs: written `"runSync"` or `{"tag": "runSync", ...}`.
+
+    `timeoutSeconds` is the deadline of a deferred call, or the execution timeout of the others;
+    `retries` and `truncate` decorate executed calls.
+    """
+
+    tag: DispositionTag
+    reason: str | None = None
+    timeout_seconds: float | None = Field(default=None, alias="timeoutSeconds", gt=0)
+    retries: int | None = Field(default=None, ge=0, le=20)
+    truncate: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_string(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return {"tag": value}
+        return value
+
+
+class PolicyRule(_Spec):
+    """Calls of the tool named exactly `tool` get `disposition`."""
+
+    tool: str
+    disposition: Disposition
+
+
+class ToolCallPolicy(_Spec):
+    """`default` for every call no rule names; the first matching rule wins."""
+
+    default: Disposition = Field(default_factory=lambda: Disposition(tag="runSync"))
+    rules: list[PolicyRule] = Field(default_factory=list)
+
+
+class ToolSpec(_Spec):
+    """One tool the model may call: exactly one of `command`, `python`, `external`."""
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    command: list[str] | None = None
+    python: str | None = None
+    external: bool = False
+    #: names of environment variables an isolated run of this tool may see
+    env: list[str] = Field(default_factory=list)
+
+    @field_validator("name")
+    @classmethod
+    def _name_shape(cls, value: str) -> str:
+        if not _TOOL_NAME.match(value):
+            raise ValueError("a tool name is 1-64 letters, digits, '_' or '-' (the providers' rule)")
+        return value
+
+    @field_validator("command")
+    @classmethod
+    def _command_shape(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and (not value or not all(isinstance(a, str) and a for a in value)):
+            raise ValueError('a command is a non-empty list of arguments, e.g. ["python3", "tools/x.py"]')
+        return value
+
+    @field_validator("python")
+    @classmethod
+    def _python_shape(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", value):
+            raise ValueError('a python tool is written "package.module:function"')
+        return value
+
+    @field_validator("parameters")
+    @classmethod
+    def _parameters_shape(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if value.get("type", "object") != "object":
+            raise ValueError('parameters is a JSON Schema whose "type" is "object"')
+        return value
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> ToolSpec:
+        kinds = [k for k, v in (("command", self.command), ("python", self.python)) if v] + (
+            ["external"] if self.external else []
+        )
+        if len(kinds) != 1:
+            raise ValueError(
+                f"tool {self.name!r} needs exactly one of command, python or external: true "
+                f"(found {', '.join(kinds) or 'none'})"
+            )
+        return self
+
+    @property
+    def kind(self) -> Literal["command", "python", "external"]:
+        if self.command:
+            return "command"
+        if self.python:
+            return "python"
+        return "external"
+
+    def openai_schema(self) -> dict[str, Any]:
+        """The tool as the model sees it (OpenAI function-calling shape)."""
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
+
+
+class AgentSpec(_Spec):
+    """An agent file, validated. `base_dir` is the folder relative command paths resolve against."""
+
+    slug: str
+    model: str
+    api_base: str | None = Field(default=None, alias="apiBase")
+    api_key_env: str | None = Field(default=None, alias="apiKeyEnv")
+    system_prompt: str | list[str] | None = Field(default=None, alias="systemPrompt")
+    max_steps: int = Field(default=40, alias="maxSteps", ge=1, le=100_000)
+    tools: list[ToolSpec] = Field(default_factory=list)
+    execution_mode: Literal["synchronous", "asynchronous"] | None = Field(default=None, alias="executionMode")
+    tool_call_policy: ToolCallPolicy | None = Field(default=None, alias="toolCallPolicy")
+    #: deadline of a deferred call unless its rule says otherwise
+    defer_timeout_seconds: float = Field(default=86400.0, alias="deferTimeoutSeconds", gt=0)
+    #: extra keyword arguments for the model call (temperature, max_tokens, ...)
+    model_params: dict[str, Any] = Field(default_factory=dict, alias="modelParams")
+    base_dir: str | None = Field(default=None, alias="baseDir")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _policy_alias(cls, value: Any) -> Any:
+        if isinstance(value, dict) and "toolCallPolicyConfig" in value:
+            if "toolCallPolicy" in value:
+                raise ValueError("give toolCallPolicy or toolCallPolicyConfig, not both")
+            value = dict(value)
+            value["toolCallPolicy"] = value.pop("toolCallPolicyConfig")
+        return value
+
+    @field_validator("slug")
+    @classmethod
+    def _slug_shape(cls, value: str) -> str:
+        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", value):
+            raise ValueError("a slug is 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
+        return value
+
+    @field_validator("model")
+    @classmethod
+    def _model_shape(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError('name the model, e.g. "openai/gpt-4o-mini"')
+        return value
+
+    @model_validator(mode="after")
+    def _check_tools(self) -> AgentSpec:
+        names = [t.name for t in self.tools]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"tool names must be unique; repeated: {', '.join(dupes)}")
+        if self.tool_call_policy:
+            for i, rule in enumerate(self.tool_call_policy.rules):
+                if rule.tool not in names:
+                    raise ValueError(
+                        f"toolCallPolicy.rules[{i}] names tool {rule.tool!r}, which the agent does not declare "
+                        f"(declared: {', '.join(names) or 'none'}); fix the name or add the tool"
+                    )
+        return self
+
+    @property
+    def mode(self) -> Literal["synchronous", "asynchronous"]:
+        """The execution mode; a file with a policy but no mode means asynchronous."""
+        if self.execution_mode:
+            return self.execution_mode
+        return "asynchronous" if self.tool_call_policy else "synchronous"
+
+    @property
+    def system_prompt_text(self) -> str | None:
+        if isinstance(self.system_prompt, list):
+            return "\n".join(self.system_prompt)
+        return self.system_prompt
+
+    def tool(self, name: str) -> ToolSpec | None:
+        for t in self.tools:
+            if t.name == name:
+                return t
+        return None
+
+    def to_json(self) -> str:
+        """Canonical JSON (sorted keys), the form stored in Redis and hashed."""
+        return json.dumps(
+            self.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=True, separators=(",", ":")
+        )
+
+    def content_hash(self) -> str:
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:32]
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> AgentSpec:
+        return cls.model_validate_json(raw)
+
+
+def agent_json_schema() -> dict[str, Any]:
+    """The agent file's JSON Schema (field names as written in the file)."""
+    return AgentSpec.model_json_schema(by_alias=True)
+
+
+_FIX_HINTS = {
+    "missing": "add it",
+    "literal_error": "use one of the allowed values",
+    "extra_forbidden": "remove it",
+    "string_type": "give a string",
+    "int_type": "give a whole number",
+    "int_parsing": "give a whole number",
+    "float_type": "give a number",
+    "float_parsing": "give a number",
+    "bool_type": "give true or false",
+    "list_type": "give a JSON list",
+    "dict_type": "give a JSON object",
+    "model_type": "give a JSON object",
+    "greater_than": "give a larger number",
+    "greater_than_equal": "give a larger number",
+    "less_than_equal": "give a smaller number",
+}
+
+
+def _loc(parts: tuple[Any, ...]) -> str:
+    out = ""
+    for p in parts:
+        if isinstance(p, int):
+            out += f"[{p}]"
+        elif p in ("function-after[_check_tools()]",) or str(p).startswith(("function-", "tagged-union")):
+            continue
+        else:
+            out += ("." if out else "") + str(p)
+    return out or "(top level)"
+
+
+def describe_validation_error(source: str, exc: ValidationError) -> str:
+    """One line per problem: `<file>: <field>: <what is wrong> — <fix>`."""
+    lines = []
+    for err in exc.errors(include_url=False):
+        field = _loc(tuple(err.get("loc", ())))
+        msg = str(err.get("msg", "invalid"))
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, ") :]
+        kind = str(err.get("type", ""))
+        hint = _FIX_HINTS.get(kind)
+        if kind == "literal_error" and field.endswith("tag"):
+            hint = f"use one of {', '.join(DISPOSITION_TAGS)}"
+        elif kind == "literal_error" and field.endswith("executionMode"):
+            hint = 'use "synchronous" or "asynchronous"'
+        if kind == "missing":
+            msg = "this field is required"
+        lines.append(f"{source}: {field}: {msg}" + (f" ({hint})" if hint else ""))
+    return "\n".join(lines)
+
+
+def parse_agent(data: Any, source: str = "<agent>", base_dir: str | None = None) -> AgentSpec:
+    """Validate an agent given as a JSON value; raises `InvalidAgentFile`."""
+    if not isinstance(data, dict):
+        raise InvalidAgentFile(f"{source}: (top level): an agent file is a JSON object (give {{...}})")
+    if base_dir and "baseDir" not in data:
+        data = {**data, "baseDir": base_dir}
+    try:
+        return AgentSpec.model_validate(data)
+    except ValidationError as exc:
+        raise InvalidAgentFile(describe_validation_error(source, exc), file=source) from None
+
+
+def load_agent_file(path: str | Path) -> AgentSpec:
+    """Read and validate an agent file; raises `InvalidAgentFile` naming the file, field and fix."""
+    p = Path(path)
+    try:
+        raw = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InvalidAgentFile(f"{p}: no such file (check the --agent-file path)", file=str(p)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidAgentFile(f"{p}: cannot read it: {exc}", file=str(p)) from None
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise InvalidAgentFile(
+            f"{p}: line {exc.lineno} column {exc.colno}: not valid JSON: {exc.msg} (fix the JSON syntax)",
+            file=str(p),
+        ) from None
+    return parse_agent(data, str(p), base_dir=str(p.resolve().parent))

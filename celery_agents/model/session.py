@@ -1,0 +1,117 @@
+"""The session header and the user-facing views of a session and its pending calls."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from celery_agents.model.turns import Usage
+
+
+class Status(StrEnum):
+    """Whether a session can still advance."""
+
+    ACTIVE = "active"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class State(StrEnum):
+    """What the next step would do (the contract's `state`)."""
+
+    READY = "ready"
+    TOOLS = "tools"
+    RUNNING = "running"
+    WAITING = "waiting"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+Drive = Literal["manual", "auto"]
+
+
+class ErrorInfo(BaseModel):
+    code: str
+    message: str
+    transient: bool = False
+
+
+class SessionHeader(BaseModel):
+    """Everything about a session but its turns; stored as a Redis hash."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    session_id: str
+    agent_slug: str
+    agent_hash: str
+    execution_mode: Literal["synchronous", "asynchronous"] = "synchronous"
+    version: int = 1
+    status: Status = Status.ACTIVE
+    state: State = State.READY
+    drive: Drive = "manual"
+    head: Literal["UserTurn", "LlmTurn", "PartialUserTurn"] | None = "UserTurn"
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    steps: int = 0
+    step_limit: int = 40
+    turn_count: int = 0
+    usage: Usage = Field(default_factory=Usage)
+    error: ErrorInfo | None = None
+    response: str | None = None
+
+
+class PendingCall(BaseModel):
+    """One unfinished call, as `pending` lists it."""
+
+    session_id: str
+    call_id: str
+    tool: str
+    arguments: Any
+    disposition: str
+    reason: str | None = None
+    state: str
+    token: str | None = None
+    created_at: float
+    expires_at: float | None = None
+
+
+class SessionView(BaseModel):
+    """The contract's session view (`start`, `step`, `resume`, `pause`, `show`, `cancel`)."""
+
+    session_id: str
+    state: State
+    head: Literal["UserTurn", "LlmTurn", "PartialUserTurn"] | None
+    version: int
+    steps: int
+    pending: list[PendingCall] = Field(default_factory=list)
+    response: str | None = None
+    error: ErrorInfo | None = None
+    # Extensions beyond the contract's minimum:
+    status: Status = Status.ACTIVE
+    drive: Drive = "manual"
+    agent: str = ""
+    usage: Usage = Field(default_factory=Usage)
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    turns: list[dict[str, Any]] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        data = self.model_dump(mode="json")
+        if data["turns"] is None:
+            del data["turns"]
+        return data
+
+
+class CompletionOutcome(BaseModel):
+    """What `complete` reports."""
+
+    token: str
+    session_id: str
+    call_id: str
+    accepted: bool = True
+    remaining: int
+    woken: bool

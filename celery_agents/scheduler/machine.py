@@ -1,0 +1,249 @@
+"""The step state machine: given a session and what has happened, the next transition.
+
+Pure: everything outside (model, tools, ids, clock) comes through `Ports`, and the result is a
+`Transition` value that the runtime commits atomically. The table of design.md "One step":
+
+- head `UserTurn`: call the model, append an `LlmTurn`; no tool calls means completed.
+- head `LlmTurn` with tool calls: classify each call by policy, run `runSync` calls inline in call
+  order, dispatch `runAsync`/`runIsolated`, create a token for each `defer`. All final: `UserTurn`;
+  otherwise `PartialUserTurn`.
+- head `PartialUserTurn`: unfinished calls remain: nothing to do; all final: `UserTurn`, then the
+  model is called in the same step.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from celery_agents.model import (
+    AgentSpec,
+    CallState,
+    ErrorInfo,
+    LlmTurn,
+    Media,
+    SessionHeader,
+    State,
+    Status,
+    ToolCall,
+    ToolResponse,
+    TrackedCall,
+    Usage,
+    UserTurn,
+)
+from celery_agents.scheduler.messages import build_messages
+from celery_agents.scheduler.policy import disposition_for
+from celery_agents.scheduler.ports import CallOutcome, LlmFailure, LlmRequest, Ports
+
+
+@dataclass
+class Snapshot:
+    """What a step reads: the header, the agent, the stored turns and the newest batch's calls."""
+
+    header: SessionHeader
+    agent: AgentSpec
+    turns: list[UserTurn | LlmTurn]
+    calls: list[TrackedCall] = field(default_factory=list)
+
+
+@dataclass
+class Event:
+    type: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Transition:
+    """What one step decided. `commit` is False when there is nothing to write (`wait`)."""
+
+    kind: str
+    commit: bool = True
+    new_turns: list[UserTurn | LlmTurn] = field(default_factory=list)
+    #: calls to write to the ledger (new, or changed by this step)
+    calls: list[TrackedCall] = field(default_factory=list)
+    #: calls to hand to the tools / isolated queues once the commit is done
+    dispatch: list[TrackedCall] = field(default_factory=list)
+    head: str | None = None
+    state: State = State.READY
+    status: Status = Status.ACTIVE
+    response: str | None = None
+    error: ErrorInfo | None = None
+    usage: Usage = field(default_factory=Usage)
+    events: list[Event] = field(default_factory=list)
+    #: the step counts against the session's step limit
+    counts_as_step: bool = True
+
+    @property
+    def unfinished(self) -> list[TrackedCall]:
+        return [c for c in self.calls if not c.state.final]
+
+
+def advance(snap: Snapshot, ports: Ports) -> Transition:
+    """Decide and perform one step of the session in `snap`."""
+    h = snap.header
+    if h.head == "UserTurn":
+        return _call_model(snap, ports, folded=None)
+    if h.head == "LlmTurn":
+        last = snap.turns[-1]
+        assert isinstance(last, LlmTurn), "head LlmTurn but the newest stored turn is not one"
+        if not last.tool_calls:
+            return Transition(kind="noop", commit=False, head="LlmTurn", state=State.COMPLETED,
+                              status=Status.COMPLETED, response=last.text)
+        return _run_tools(snap, last, ports)
+    if h.head == "PartialUserTurn":
+        unfinished = [c for c in snap.calls if not c.state.final]
+        if unfinished:
+            return Transition(kind="wait", commit=False, head="PartialUserTurn", state=State.WAITING)
+        return _call_model(snap, ports, folded=responses_turn(snap.calls, ports.clock.now()))
+    return Transition(kind="noop", commit=False, head=h.head, state=h.state, status=h.status)
+
+
+def responses_turn(calls: list[TrackedCall], now: float) -> UserTurn:
+    """The `UserTurn` answering a finished batch: one response per call, in the model's call order."""
+    ordered = sorted(calls, key=lambda c: c.position)
+    return UserTurn(tool_responses=[response_for(c) for c in ordered], at=now)
+
+
+def response_for(call: TrackedCall) -> ToolResponse:
+    """What the model is told about a final call."""
+    if call.state == CallState.COMPLETED:
+        media = [Media.model_validate(m) for m in call.meta.get("media", [])]
+        return ToolResponse(call_id=call.call_id, tool=call.tool, content=call.result, media=media)
+    if call.state == CallState.EXPIRED:
+        text = "No result arrived before the deadline: the call expired and its result will not come."
+        if call.reason:
+            text += f" (It was waiting for: {call.reason}.)"
+        return ToolResponse(call_id=call.call_id, tool=call.tool, content=text, is_error=True)
+    if call.state == CallState.CANCELLED:
+        return ToolResponse(call_id=call.call_id, tool=call.tool,
+                            content="The call was cancelled before it finished.", is_error=True)
+    return ToolResponse(call_id=call.call_id, tool=call.tool, content=call.error or "the tool failed", is_error=True)
+
+
+def _fail(kind: str, error: ErrorInfo, head: str | None, new_turns: list[UserTurn | LlmTurn] | None = None) -> Transition:
+    return Transition(kind=kind, new_turns=new_turns or [], head=head, state=State.FAILED, status=Status.FAILED,
+                      error=error, events=[Event("failed", {"code": error.code, "message": error.message})])
+
+
+def _call_model(snap: Snapshot, ports: Ports, folded: UserTurn | None) -> Transition:
+    h = snap.header
+    prefix: list[UserTurn | LlmTurn] = [folded] if folded is not None else []
+    head_before = "UserTurn" if folded is not None else h.head
+    if h.steps >= h.step_limit:
+        err = ErrorInfo(code="max_steps", message=(
+            f"the session reached its step limit ({h.step_limit} steps, maxSteps of the agent file); "
+            "`session resume` grants another maxSteps steps"))
+        return _fail("llm", err, head_before, prefix)
+    turns = [*snap.turns, *prefix]
+    request = LlmRequest(
+        agent=snap.agent,
+        messages=build_messages(snap.agent, turns),
+        tools=[t.openai_schema() for t in snap.agent.tools],
+        session_id=h.session_id,
+        version=h.version,
+    )
+    try:
+        turn = ports.llm.complete(request)
+    except LlmFailure as exc:
+        return _fail("llm", ErrorInfo(code=exc.code, message=exc.message, transient=exc.transient), head_before, prefix)
+    turn = _normalise_call_ids(turn, ports)
+    event = Event("llm_called", {"model": turn.model, "tool_calls": len(turn.tool_calls),
+                                 "usage": turn.usage.model_dump(exclude_defaults=True)})
+    if not turn.tool_calls:
+        return Transition(kind="llm", new_turns=[*prefix, turn], head="LlmTurn", state=State.COMPLETED,
+                          status=Status.COMPLETED, response=turn.text or "", usage=turn.usage,
+                          events=[event, Event("completed", {})])
+    return Transition(kind="llm", new_turns=[*prefix, turn], head="LlmTurn", state=State.TOOLS,
+                      usage=turn.usage, events=[event])
+
+
+def _normalise_call_ids(turn: LlmTurn, ports: Ports) -> LlmTurn:
+    """Every call gets a non-empty id unique within the turn (some models repeat or omit them)."""
+    seen: set[str] = set()
+    fixed: list[ToolCall] = []
+    changed = False
+    for c in turn.tool_calls:
+        cid = c.id or ports.ids.call_id()
+        while cid in seen:
+            cid = f"{c.id or 'call'}_{len(seen)}"
+        if cid != c.id:
+            changed = True
+        seen.add(cid)
+        fixed.append(c if cid == c.id else c.model_copy(update={"id": cid}))
+    return turn.model_copy(update={"tool_calls": fixed}) if changed else turn
+
+
+def _parse_arguments(raw: str) -> tuple[Any, str | None]:
+    if not raw.strip():
+        return {}, None
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        return raw, f"the arguments are not valid JSON ({exc.msg} at character {exc.pos}); send a JSON object"
+    if not isinstance(value, dict):
+        return value, "the arguments must be a JSON object"
+    return value, None
+
+
+def _run_tools(snap: Snapshot, turn: LlmTurn, ports: Ports) -> Transition:
+    h, agent = snap.header, snap.agent
+    batch = len(snap.turns) - 1
+    now = ports.clock.now()
+    calls: list[TrackedCall] = []
+    events: list[Event] = []
+    for position, tc in enumerate(turn.tool_calls):
+        disp = disposition_for(agent, tc.name)
+        args, arg_error = _parse_arguments(tc.arguments)
+        call = TrackedCall(call_id=tc.id, tool=tc.name, arguments=args, raw_arguments=tc.arguments, batch=batch,
+                           position=position, disposition=disp.tag, reason=disp.reason, created_at=now)
+        tool = agent.tool(tc.name)
+        if tool is None:
+            names = ", ".join(t.name for t in agent.tools) or "none"
+            call = _finish(call, CallOutcome(state="failed", attempts=0,
+                                             error=f"there is no tool named {tc.name!r}; the tools are: {names}"), now)
+        elif arg_error is not None:
+            call = _finish(call, CallOutcome(state="failed", attempts=0, error=arg_error), now)
+        elif disp.tag == "defer":
+            timeout = disp.timeout_seconds or agent.defer_timeout_seconds
+            call = call.model_copy(update={"state": CallState.DEFERRED, "token": ports.ids.token(h.session_id),
+                                           "expires_at": now + timeout})
+            events.append(Event("token_created", {"call_id": call.call_id, "tool": call.tool,
+                                                  "reason": call.reason or ""}))
+        elif disp.tag in ("runAsync", "runIsolated"):
+            call = call.model_copy(update={"state": CallState.RUNNING})
+            events.append(Event("tool_dispatched", {"call_id": call.call_id, "tool": call.tool,
+                                                    "disposition": disp.tag}))
+        calls.append(call)
+    # runSync calls run inline, in the model's call order.
+    for i, call in enumerate(calls):
+        if call.disposition == "runSync" and call.state == CallState.READY:
+            started = ports.clock.now()
+            outcome = ports.tools.run(agent, h.session_id, call.model_copy(update={"started_at": started}))
+            calls[i] = _finish(call.model_copy(update={"started_at": started}), outcome, ports.clock.now())
+            events.append(Event("tool_finished", {"call_id": call.call_id, "tool": call.tool,
+                                                  "state": calls[i].state.value}))
+    dispatch = [c for c in calls if c.state == CallState.RUNNING]
+    if all(c.state.final for c in calls):
+        return Transition(kind="tools", new_turns=[responses_turn(calls, ports.clock.now())], calls=calls,
+                          head="UserTurn", state=State.READY, events=events)
+    return Transition(kind="tools", calls=calls, dispatch=dispatch, head="PartialUserTurn", state=State.WAITING,
+                      events=events)
+
+
+def _finish(call: TrackedCall, outcome: CallOutcome, now: float) -> TrackedCall:
+    state = CallState.COMPLETED if outcome.state == "completed" else CallState.FAILED
+    meta = dict(call.meta)
+    meta.update(outcome.meta)
+    if outcome.media:
+        meta["media"] = [m.model_dump() for m in outcome.media]
+    return call.model_copy(update={
+        "state": state,
+        "result": outcome.result if state == CallState.COMPLETED else None,
+        "error": outcome.error if state == CallState.FAILED else None,
+        "finished_at": now,
+        "duration_ms": outcome.duration_ms,
+        "exit_status": outcome.exit_status,
+        "attempts": outcome.attempts,
+        "meta": meta,
+    })

@@ -1,0 +1,31 @@
+"""The tool-call policy: which disposition a call gets, and why."""
+
+from __future__ import annotations
+
+from celery_agents.model import AgentSpec, Disposition
+
+_RUN_SYNC = Disposition(tag="runSync")
+
+
+def disposition_for(agent: AgentSpec, tool_name: str) -> Disposition:
+    """`default` unless a rule names the tool exactly (first match wins).
+
+    External tools have no implementation, so they are always deferred. In synchronous mode every
+    other call runs inline, keeping the rule's decorators (timeout, retries, truncate).
+    """
+    policy = agent.tool_call_policy
+    chosen = _RUN_SYNC
+    if policy is not None:
+        chosen = policy.default
+        for rule in policy.rules:
+            if rule.tool == tool_name:
+                chosen = rule.disposition
+                break
+    tool = agent.tool(tool_name)
+    if tool is not None and tool.external:
+        if chosen.tag == "defer":
+            return chosen
+        return chosen.model_copy(update={"tag": "defer", "reason": chosen.reason or "external tool"})
+    if agent.mode == "synchronous" and chosen.tag != "runSync":
+        return chosen.model_copy(update={"tag": "runSync", "reason": None})
+    return chosen

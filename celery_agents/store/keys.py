@@ -1,0 +1,121 @@
+"""Every Redis key celery-agents uses, named here and nowhere else.
+
+Session keys carry the hash tag `{<session_id>}` so that one session's keys share a Cluster slot.
+Scripts receive their keys in `KEYS` in the fixed order of `session_keys` + `global_keys`.
+"""
+
+from __future__ import annotations
+
+SESSION_KEY_NAMES = ("meta", "turns", "calls", "results", "pending", "journal", "events", "lease")
+STORED_STATES = ("ready", "tools", "waiting", "completed", "failed", "cancelled")
+GLOBAL_KEY_NAMES = ("sessions", "pending_all", "deadlines", "owed") + tuple(f"state:{s}" for s in STORED_STATES)
+
+
+class Keys:
+    """Key builder for one prefix (default `agents`)."""
+
+    def __init__(self, prefix: str = "agents") -> None:
+        self.prefix = prefix
+
+    # -- one session --------------------------------------------------------------------------
+    def session(self, sid: str, name: str) -> str:
+        return f"{self.prefix}:s:{{{sid}}}:{name}"
+
+    def meta(self, sid: str) -> str:
+        """Hash: the session header."""
+        return self.session(sid, "meta")
+
+    def turns(self, sid: str) -> str:
+        """List: stored turns (JSON), oldest first, append-only."""
+        return self.session(sid, "turns")
+
+    def calls(self, sid: str) -> str:
+        """Hash `<batch>:<position>` -> tracked call (JSON) as created by its step."""
+        return self.session(sid, "calls")
+
+    def results(self, sid: str) -> str:
+        """Hash `<batch>:<position>` -> the final outcome of an asynchronous call; first writer wins."""
+        return self.session(sid, "results")
+
+    def pending(self, sid: str) -> str:
+        """Set of call fields still unfinished."""
+        return self.session(sid, "pending")
+
+    def journal(self, sid: str) -> str:
+        """Hash of work done by the step in flight (LLM response, inline tool results)."""
+        return self.session(sid, "journal")
+
+    def events(self, sid: str) -> str:
+        """Stream of the session's events, capped."""
+        return self.session(sid, "events")
+
+    def lease(self, sid: str) -> str:
+        """String: the worker running a step of the session, with a time to live."""
+        return self.session(sid, "lease")
+
+    def token(self, sid: str, secret: str) -> str:
+        """Hash: one continuation token."""
+        return self.session(sid, f"tok:{secret}")
+
+    def session_keys(self, sid: str) -> list[str]:
+        return [self.session(sid, n) for n in SESSION_KEY_NAMES]
+
+    # -- shared -------------------------------------------------------------------------------
+    @property
+    def sessions(self) -> str:
+        """Sorted set: session ids by last update (ms)."""
+        return f"{self.prefix}:sessions"
+
+    def state_index(self, state: str) -> str:
+        """Sorted set: session ids in one stored state, by last update (ms)."""
+        return f"{self.prefix}:state:{state}"
+
+    @property
+    def pending_all(self) -> str:
+        """Sorted set: `<session_id> <field>` of every unfinished call, by creation (ms)."""
+        return f"{self.prefix}:pending"
+
+    @property
+    def deadlines(self) -> str:
+        """Sorted set: `<session_id> <field>` of deferred calls, by deadline (ms)."""
+        return f"{self.prefix}:deadlines"
+
+    @property
+    def owed(self) -> str:
+        """Sorted set: sessions owed a step (the outbox), by when it became owed (ms)."""
+        return f"{self.prefix}:owed"
+
+    def global_keys(self) -> list[str]:
+        return [self.sessions, self.pending_all, self.deadlines, self.owed] + [
+            self.state_index(s) for s in STORED_STATES
+        ]
+
+    def script_keys(self, sid: str, *extra: str) -> list[str]:
+        return [*self.session_keys(sid), *self.global_keys(), *extra]
+
+    def agent(self, content_hash: str) -> str:
+        """String: an agent spec (canonical JSON), stored once per content hash."""
+        return f"{self.prefix}:agent:{content_hash}"
+
+    @property
+    def completions(self) -> str:
+        """Stream other systems XADD completions to (`token`, `result`, `error`, `by`)."""
+        return f"{self.prefix}:completions"
+
+    @property
+    def rejected(self) -> str:
+        """Stream: completions that changed nothing, with the reason."""
+        return f"{self.prefix}:completions:rejected"
+
+    @property
+    def workers(self) -> str:
+        """Hash: worker name -> heartbeat JSON."""
+        return f"{self.prefix}:workers"
+
+    def lock(self, name: str) -> str:
+        return f"{self.prefix}:lock:{name}"
+
+    @property
+    def celery_prefix(self) -> str:
+        """Prefix of the Celery broker's own keys (queues, unacked messages)."""
+        return f"{self.prefix}:celery:"

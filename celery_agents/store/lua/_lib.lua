@@ -1,0 +1,78 @@
+-- Shared by every session script (prepended when scripts are loaded).
+-- KEYS: the session keys, then the shared keys, in the order of store/keys.py; extra keys after.
+-- ARGV[1] = now (seconds), ARGV[2] = events cap, ARGV[3] = session id; the rest per script.
+local K = {
+  meta = KEYS[1], turns = KEYS[2], calls = KEYS[3], results = KEYS[4], pending = KEYS[5],
+  journal = KEYS[6], events = KEYS[7], lease = KEYS[8],
+  sessions = KEYS[9], pending_all = KEYS[10], deadlines = KEYS[11], owed = KEYS[12],
+}
+local STATE_KEYS = {
+  ready = KEYS[13], tools = KEYS[14], waiting = KEYS[15],
+  completed = KEYS[16], failed = KEYS[17], cancelled = KEYS[18],
+}
+local NKEYS = 18
+local NOW = ARGV[1]
+local NOW_MS = math.floor(tonumber(ARGV[1]) * 1000)
+local MAXLEN = ARGV[2]
+local SID = ARGV[3]
+
+local function emit(kind, data)
+  local version = redis.call('HGET', K.meta, 'version') or '0'
+  return redis.call('XADD', K.events, 'MAXLEN', '~', MAXLEN, '*',
+    'type', kind, 'at', NOW, 'version', version, 'data', data or '{}')
+end
+
+local function touch()
+  redis.call('HSET', K.meta, 'updated_at', NOW)
+  redis.call('ZADD', K.sessions, NOW_MS, SID)
+  local st = redis.call('HGET', K.meta, 'state')
+  if st and STATE_KEYS[st] then redis.call('ZADD', STATE_KEYS[st], NOW_MS, SID) end
+end
+
+local function set_state(new)
+  local old = redis.call('HGET', K.meta, 'state')
+  if old and old ~= new and STATE_KEYS[old] then redis.call('ZREM', STATE_KEYS[old], SID) end
+  redis.call('HSET', K.meta, 'state', new)
+  touch()
+end
+
+local function owe()
+  redis.call('ZADD', K.owed, NOW_MS, SID)
+  redis.call('HSET', K.meta, 'owed_version', redis.call('HGET', K.meta, 'version'))
+end
+
+local function unowe()
+  redis.call('ZREM', K.owed, SID)
+  redis.call('HDEL', K.meta, 'owed_version')
+end
+
+-- The state a session has when nothing runs, from its head.
+local function state_from_head()
+  local head = redis.call('HGET', K.meta, 'head')
+  if head == 'LlmTurn' then return 'tools' end
+  if head == 'PartialUserTurn' and redis.call('SCARD', K.pending) > 0 then return 'waiting' end
+  return 'ready'
+end
+
+-- Record the final outcome of an unfinished call; the first writer wins.
+-- Returns nil if the call was not unfinished, else {remaining, woken, version}.
+local function finish_call(field, outcome, event_kind, event_data)
+  if redis.call('SREM', K.pending, field) == 0 then return nil end
+  redis.call('HSET', K.results, field, outcome)
+  redis.call('ZREM', K.pending_all, SID .. ' ' .. field)
+  redis.call('ZREM', K.deadlines, SID .. ' ' .. field)
+  emit(event_kind, event_data)
+  local remaining = redis.call('SCARD', K.pending)
+  local woken = 0
+  local m = redis.call('HMGET', K.meta, 'status', 'head', 'drive', 'version')
+  if remaining == 0 and m[1] == 'active' and m[2] == 'PartialUserTurn' then
+    set_state('ready')
+    if m[3] == 'auto' then
+      owe()
+      woken = 1
+    end
+  else
+    touch()
+  end
+  return {remaining, woken, tonumber(m[4])}
+end

@@ -1,0 +1,47 @@
+-- Commit one step atomically: version check, new turns, calls, tokens, header, indexes, events,
+-- and the outbox entry when another step is owed.
+-- ARGV[4] = expected version, ARGV[5] = lease owner, ARGV[6] = control JSON:
+--   {n_turns, n_calls, head, state, status, response, error, usage, steps_inc, owe, batch, batch_size,
+--    pending = [[field, created_ms]], tokens = [[field, expires_ms, call_id, tool, digest, reason]],
+--    events = [[kind, data]], request}
+-- ARGV[7..] = n_turns turn JSONs, then n_calls pairs (field, call JSON).
+-- KEYS[NKEYS+1..] = one key per token, in the order of control.tokens.
+local m = redis.call('HMGET', K.meta, 'version', 'status')
+if not m[1] then return {'missing'} end
+if m[1] ~= ARGV[4] then return {'stale', m[1]} end
+if m[2] ~= 'active' then return {'ended', m[2]} end
+local holder = redis.call('GET', K.lease)
+if holder and holder ~= ARGV[5] then return {'lost_lease', holder} end
+local c = cjson.decode(ARGV[6])
+local i = 7
+for _ = 1, c.n_turns do
+  redis.call('RPUSH', K.turns, ARGV[i])
+  i = i + 1
+end
+for _ = 1, c.n_calls do
+  redis.call('HSET', K.calls, ARGV[i], ARGV[i + 1])
+  i = i + 2
+end
+for _, p in ipairs(c.pending) do
+  redis.call('SADD', K.pending, p[1])
+  redis.call('ZADD', K.pending_all, p[2], SID .. ' ' .. p[1])
+end
+for j, t in ipairs(c.tokens) do
+  redis.call('HSET', KEYS[NKEYS + j], 'session_id', SID, 'field', t[1], 'state', 'pending',
+    'expires_ms', t[2], 'call_id', t[3], 'tool', t[4], 'digest', t[5], 'reason', t[6], 'created_at', NOW)
+  redis.call('ZADD', K.deadlines, t[2], SID .. ' ' .. t[1])
+end
+local version = redis.call('HINCRBY', K.meta, 'version', 1)
+redis.call('HINCRBY', K.meta, 'turn_count', c.n_turns)
+redis.call('HINCRBY', K.meta, 'steps', c.steps_inc)
+redis.call('HSET', K.meta, 'head', c.head, 'status', c.status, 'usage', c.usage,
+  'response', c.response, 'error', c.error)
+if c.batch >= 0 then redis.call('HSET', K.meta, 'batch', c.batch, 'batch_size', c.batch_size) end
+set_state(c.state)
+for _, e in ipairs(c.events) do emit(e[1], e[2]) end
+emit('step_committed', cjson.encode({from_version = tonumber(ARGV[4]), request = c.request,
+  kind = c.kind, head = c.head, state = c.state}))
+redis.call('DEL', K.journal)
+redis.call('DEL', K.lease)
+if c.owe then owe() else unowe() end
+return {'ok', version}

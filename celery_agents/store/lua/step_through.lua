@@ -1,0 +1,14 @@
+-- Mark a session owed one explicit step (manual drive) and make it active if it had failed.
+-- Returns the version the step must run at. ARGV[4] = steps to add when stopped by the step limit.
+local m = redis.call('HMGET', K.meta, 'status', 'version')
+if not m[1] then return {'missing'} end
+if m[1] == 'cancelled' or m[1] == 'completed' then return {'ended', m[1]} end
+if m[1] == 'failed' then
+  local err = redis.call('HGET', K.meta, 'error') or ''
+  if string.find(err, '"max_steps"', 1, true) then
+    redis.call('HINCRBY', K.meta, 'step_limit', tonumber(ARGV[4]))
+  end
+  redis.call('HSET', K.meta, 'status', 'active', 'error', '')
+  set_state(state_from_head())
+end
+return {'ok', tonumber(m[2])}

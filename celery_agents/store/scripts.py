@@ -1,0 +1,40 @@
+"""The Lua scripts of `store/lua/`, loaded once per client and called by name.
+
+Session scripts get `_lib.lua` prepended (key names, events, finishing a call); they are run with
+EVALSHA and reloaded transparently after a Redis restart (redis-py `Script`).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import redis
+
+_STANDALONE = frozenset({"journal_put", "lease_renew"})
+
+
+@cache
+def script_source(name: str) -> str:
+    lua = resources.files("celery_agents.store").joinpath("lua")
+    body = lua.joinpath(f"{name}.lua").read_text(encoding="utf-8")
+    if name in _STANDALONE:
+        return body
+    return lua.joinpath("_lib.lua").read_text(encoding="utf-8") + "\n" + body
+
+
+def script_names() -> list[str]:
+    lua = resources.files("celery_agents.store").joinpath("lua")
+    return sorted(p.name[:-4] for p in lua.iterdir() if p.name.endswith(".lua") and not p.name.startswith("_"))
+
+
+class Scripts:
+    """Named access to the scripts for one Redis client: `scripts.run("commit_step", keys, args)`."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._client = client
+        self._scripts = {name: client.register_script(script_source(name)) for name in script_names()}
+
+    def run(self, name: str, keys: list[str], args: list[Any], client: Any = None) -> Any:
+        return self._scripts[name](keys=keys, args=args, client=client or self._client)

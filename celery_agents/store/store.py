@@ -1,0 +1,523 @@
+"""Session persistence in Redis: create, load, commit, journal, results, tokens, drive, cancel.
+
+Every write that must be atomic is one script of `store/lua/`; reads are single round trips
+(a script or a pipeline). Writes per step carry only the step's new turns and calls.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import redis
+from pydantic import TypeAdapter
+
+from celery_agents.config import Settings
+from celery_agents.errors import (
+    TOKEN_ERRORS,
+    RedisUnavailable,
+    SessionNotAdvanceable,
+    UnknownSession,
+    UnknownToken,
+)
+from celery_agents.model import (
+    AgentSpec,
+    CallState,
+    CompletionOutcome,
+    ErrorInfo,
+    LlmTurn,
+    PendingCall,
+    SessionHeader,
+    State,
+    Status,
+    StoredTurn,
+    TrackedCall,
+    Usage,
+    UserQuery,
+    UserTurn,
+)
+from celery_agents.store.keys import Keys
+from celery_agents.store.scripts import Scripts
+
+_SID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_SECRET = re.compile(r"^[A-Za-z0-9_-]{16,128}$")
+_TURN = TypeAdapter(StoredTurn)
+
+
+def new_session_id() -> str:
+    return uuid.uuid4().hex
+
+
+def new_token(session_id: str) -> str:
+    """A continuation token: the session id, a dot, and 144 random bits."""
+    return f"{session_id}.{secrets.token_urlsafe(18)}"
+
+
+def parse_token(token: str) -> tuple[str, str]:
+    sid, dot, secret = token.strip().partition(".")
+    if not dot or not _SID.match(sid) or not _SECRET.match(secret):
+        raise UnknownToken(f"unknown token {token.strip()[:80]!r}: it is not a token this system made", token=token)
+    return sid, secret
+
+
+def check_session_id(session_id: str) -> str:
+    if not _SID.match(session_id):
+        raise UnknownSession(f"unknown session {session_id[:80]!r}", session_id=session_id)
+    return session_id
+
+
+@dataclass
+class Loaded:
+    """A session as a step reads it."""
+
+    header: SessionHeader
+    turns: list[UserTurn | LlmTurn]
+    calls: list[TrackedCall]
+    lease_holder: str
+
+
+@dataclass
+class Finished:
+    """What recording a call's outcome did."""
+
+    status: str
+    remaining: int = 0
+    woken: bool = False
+    version: int = 0
+
+
+def _s(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
+def header_to_hash(h: SessionHeader) -> dict[str, str]:
+    return {
+        "session_id": h.session_id,
+        "agent_slug": h.agent_slug,
+        "agent_hash": h.agent_hash,
+        "execution_mode": h.execution_mode,
+        "version": _s(h.version),
+        "status": h.status.value,
+        "state": h.state.value,
+        "drive": h.drive,
+        "head": h.head or "",
+        "created_at": repr(h.created_at),
+        "updated_at": repr(h.updated_at),
+        "steps": _s(h.steps),
+        "step_limit": _s(h.step_limit),
+        "turn_count": _s(h.turn_count),
+        "usage": h.usage.model_dump_json(),
+        "error": h.error.model_dump_json() if h.error else "",
+        "response": json.dumps(h.response),
+    }
+
+
+def header_from_hash(d: dict[str, str]) -> SessionHeader:
+    return SessionHeader(
+        session_id=d["session_id"],
+        agent_slug=d.get("agent_slug", ""),
+        agent_hash=d.get("agent_hash", ""),
+        execution_mode=d.get("execution_mode") or "synchronous",  # type: ignore[arg-type]
+        version=int(d.get("version", "1")),
+        status=Status(d.get("status", "active")),
+        state=State(d.get("state", "ready")),
+        drive=d.get("drive") or "manual",  # type: ignore[arg-type]
+        head=d.get("head") or None,  # type: ignore[arg-type]
+        created_at=float(d.get("created_at", 0)),
+        updated_at=float(d.get("updated_at", 0)),
+        steps=int(d.get("steps", 0)),
+        step_limit=int(d.get("step_limit", 40)),
+        turn_count=int(d.get("turn_count", 0)),
+        usage=Usage.model_validate_json(d["usage"]) if d.get("usage") else Usage(),
+        error=ErrorInfo.model_validate_json(d["error"]) if d.get("error") else None,
+        response=json.loads(d["response"]) if d.get("response") else None,
+    )
+
+
+def merge_outcome(call_json: str, outcome_json: str | None) -> TrackedCall:
+    data = json.loads(call_json)
+    if outcome_json:
+        data.update(json.loads(outcome_json))
+    return TrackedCall.model_validate(data)
+
+
+def outcome_json(state: CallState, *, result: Any = None, error: str | None = None, now: float,
+                 duration_ms: float | None = None, exit_status: int | None = None, attempts: int | None = None,
+                 completed_by: str | None = None, meta: dict[str, Any] | None = None,
+                 started_at: float | None = None) -> str:
+    """The JSON a final outcome is recorded as (merged over the call when read)."""
+    body: dict[str, Any] = {"state": state.value, "finished_at": now}
+    if state == CallState.COMPLETED:
+        body["result"] = result
+    if error is not None:
+        body["error"] = error
+    for k, v in (("duration_ms", duration_ms), ("exit_status", exit_status), ("attempts", attempts),
+                 ("completed_by", completed_by), ("meta", meta), ("started_at", started_at)):
+        if v is not None:
+            body[k] = v
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+
+
+class Store:
+    """Session state in Redis under one key prefix."""
+
+    def __init__(self, client: redis.Redis, settings: Settings | None = None) -> None:
+        self.client = client
+        self.settings = settings or Settings()
+        self.keys = Keys(self.settings.prefix)
+        self.scripts = Scripts(client)
+        self._agents: dict[str, AgentSpec] = {}
+        self._turn_cache: OrderedDict[str, list[UserTurn | LlmTurn]] = OrderedDict()
+
+    # -- plumbing ----------------------------------------------------------------------------
+    def _run(self, name: str, sid: str, args: list[Any], extra_keys: tuple[str, ...] = (), now: float | None = None) -> Any:
+        now = time.time() if now is None else now
+        try:
+            return self.scripts.run(name, self.keys.script_keys(sid, *extra_keys),
+                                     [repr(now), self.settings.events_maxlen, sid, *args])
+        except redis.ConnectionError as exc:
+            raise RedisUnavailable(f"cannot reach Redis: {exc}") from exc
+
+    def ping(self) -> None:
+        try:
+            self.client.ping()
+        except redis.ConnectionError as exc:
+            raise RedisUnavailable(f"cannot reach Redis: {exc}") from exc
+
+    # -- agents ------------------------------------------------------------------------------
+    def agent(self, content_hash: str) -> AgentSpec:
+        """The agent spec stored under a hash, cached in this process (specs never change)."""
+        spec = self._agents.get(content_hash)
+        if spec is None:
+            raw = self.client.get(self.keys.agent(content_hash))
+            if raw is None:
+                raise UnknownSession(f"the agent spec {content_hash} is missing from Redis")
+            spec = AgentSpec.from_json(raw)
+            self._agents[content_hash] = spec
+        return spec
+
+    # -- sessions ----------------------------------------------------------------------------
+    def create_session(self, agent: AgentSpec, query: UserQuery, *, drive: str = "manual", owe: bool = False,
+                       session_id: str | None = None, now: float | None = None) -> SessionHeader:
+        now = time.time() if now is None else now
+        sid = check_session_id(session_id) if session_id else new_session_id()
+        content_hash = agent.content_hash()
+        header = SessionHeader(session_id=sid, agent_slug=agent.slug, agent_hash=content_hash,
+                               execution_mode=agent.mode, drive=drive,  # type: ignore[arg-type]
+                               created_at=now, updated_at=now, step_limit=agent.max_steps, turn_count=1)
+        turn = UserTurn(query=query, at=now)
+        res = self._run("create_session", sid,
+                        [json.dumps(header_to_hash(header)), turn.model_dump_json(exclude_defaults=True),
+                         agent.to_json(), "1" if owe else "0"],
+                        extra_keys=(self.keys.agent(content_hash),), now=now)
+        if res[0] != "ok":
+            raise SessionNotAdvanceable(f"session {sid} already exists")
+        self._agents[content_hash] = agent
+        return header
+
+    def header(self, session_id: str) -> SessionHeader:
+        check_session_id(session_id)
+        try:
+            data = self.client.hgetall(self.keys.meta(session_id))
+        except redis.ConnectionError as exc:
+            raise RedisUnavailable(f"cannot reach Redis: {exc}") from exc
+        if not data:
+            raise UnknownSession(f"unknown session {session_id!r}", session_id=session_id)
+        return header_from_hash(data)
+
+    def lease_holder(self, session_id: str) -> str | None:
+        return self.client.get(self.keys.lease(session_id))
+
+    def load(self, session_id: str) -> Loaded:
+        """Header, all stored turns, the newest batch's calls: one round trip (turns cached)."""
+        check_session_id(session_id)
+        cached = self._turn_cache.get(session_id, [])
+        res = self._run("load_session", session_id, [len(cached)])
+        if not res:
+            raise UnknownSession(f"unknown session {session_id!r}", session_id=session_id)
+        flat, raw_turns, raw_calls, raw_results, holder = res
+        header = header_from_hash(dict(zip(flat[::2], flat[1::2], strict=True)))
+        turns = cached + [_TURN.validate_json(t) for t in raw_turns]
+        if len(turns) != header.turn_count:
+            res = self._run("load_session", session_id, [0])
+            flat, raw_turns, raw_calls, raw_results, holder = res
+            header = header_from_hash(dict(zip(flat[::2], flat[1::2], strict=True)))
+            turns = [_TURN.validate_json(t) for t in raw_turns]
+        self._turn_cache[session_id] = turns
+        self._turn_cache.move_to_end(session_id)
+        while len(self._turn_cache) > 512:
+            self._turn_cache.popitem(last=False)
+        calls = [merge_outcome(c, r) for c, r in zip(raw_calls, raw_results, strict=True) if c]
+        return Loaded(header=header, turns=list(turns), calls=calls, lease_holder=holder or "")
+
+    def turns(self, session_id: str) -> list[UserTurn | LlmTurn]:
+        check_session_id(session_id)
+        return [_TURN.validate_json(t) for t in self.client.lrange(self.keys.turns(session_id), 0, -1)]
+
+    def calls(self, session_id: str) -> list[TrackedCall]:
+        """Every tracked call of the session, oldest batch first, in call order."""
+        check_session_id(session_id)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hgetall(self.keys.calls(session_id))
+        pipe.hgetall(self.keys.results(session_id))
+        raw_calls, raw_results = pipe.execute()
+        calls = [merge_outcome(v, raw_results.get(k)) for k, v in raw_calls.items()]
+        return sorted(calls, key=lambda c: (c.batch, c.position))
+
+    # -- steps -------------------------------------------------------------------------------
+    def begin_step(self, session_id: str, version: int, owner: str, request: str = "") -> tuple[str, str]:
+        lease_ms = int(self.settings.lease_seconds * 1000)
+        res = self._run("begin_step", session_id, [version, owner, lease_ms, request])
+        return res[0], (res[1] if len(res) > 1 else "")
+
+    def renew_lease(self, session_id: str, owner: str) -> bool:
+        lease_ms = int(self.settings.lease_seconds * 1000)
+        return bool(self.scripts.run("lease_renew", [self.keys.lease(session_id)], [owner, lease_ms]))
+
+    def commit(self, session_id: str, header: SessionHeader, owner: str, *, kind: str, new_turns: list[UserTurn | LlmTurn],
+               calls: list[TrackedCall], head: str | None, state: State, status: Status, response: str | None,
+               error: ErrorInfo | None, usage: Usage, events: list[tuple[str, dict[str, Any]]], steps_inc: int,
+               request: str = "", now: float | None = None) -> tuple[str, int]:
+        """Commit a step at `header.version`; returns ("ok", new version) or the refusal."""
+        sid = session_id
+        owe = header.drive == "auto" and status == Status.ACTIVE and state in (State.READY, State.TOOLS)
+        pending = [[c.field, int(c.created_at * 1000)] for c in calls if not c.state.final]
+        tokens = [c for c in calls if c.state == CallState.DEFERRED and c.token]
+        token_keys = tuple(self.keys.token(sid, parse_token(c.token)[1]) for c in tokens if c.token)
+        control = {
+            "n_turns": len(new_turns),
+            "n_calls": len(calls),
+            "kind": kind,
+            "head": head or "",
+            "state": state.value,
+            "status": status.value,
+            "response": json.dumps(response),
+            "error": error.model_dump_json() if error else "",
+            "usage": (header.usage + usage).model_dump_json(),
+            "steps_inc": steps_inc,
+            "owe": owe,
+            "batch": calls[0].batch if calls else -1,
+            "batch_size": len(calls),
+            "pending": pending,
+            "tokens": [[c.field, int((c.expires_at or 0) * 1000), c.call_id, c.tool, c.digest(), c.reason or ""]
+                       for c in tokens],
+            "events": [[k, json.dumps(d, ensure_ascii=False)] for k, d in events],
+            "request": request,
+        }
+        args: list[Any] = [header.version, owner, json.dumps(control, ensure_ascii=False)]
+        args.extend(t.model_dump_json(exclude_defaults=True) for t in new_turns)
+        for c in calls:
+            args.extend((c.field, c.model_dump_json(exclude_defaults=True)))
+        res = self._run("commit_step", sid, args, extra_keys=token_keys, now=now)
+        if res[0] == "ok":
+            cached = self._turn_cache.get(sid)
+            if cached is not None and len(cached) == header.turn_count:
+                cached.extend(new_turns)
+            return "ok", int(res[1])
+        return res[0], 0
+
+    def end_step(self, session_id: str, owner: str, request: str, reason: str, keep_owed: bool = False) -> None:
+        self._run("end_step", session_id, [owner, request, reason, "1" if keep_owed else "0"])
+
+    def fail_step(self, session_id: str, version: int, error: ErrorInfo, owner: str) -> bool:
+        res = self._run("fail_step", session_id, [version, error.model_dump_json(), owner])
+        return bool(res[0] == "ok")
+
+    # -- journal -----------------------------------------------------------------------------
+    def journal_get(self, session_id: str, field: str) -> str | None:
+        return self.client.hget(self.keys.journal(session_id), field)
+
+    def journal_put(self, session_id: str, field: str, value: str) -> str:
+        """Record work done in this step; returns the first recorded value (which wins)."""
+        return str(self.scripts.run("journal_put", [self.keys.journal(session_id)], [field, value]))
+
+    # -- calls and tokens --------------------------------------------------------------------
+    def record_result(self, session_id: str, field: str, outcome: str, event: dict[str, Any]) -> Finished:
+        res = self._run("record_result", session_id, [field, outcome, json.dumps(event)])
+        if res[0] != "ok":
+            return Finished(status=res[0])
+        return Finished(status="ok", remaining=int(res[1]), woken=bool(res[2]), version=int(res[3]))
+
+    def complete_token(self, token: str, outcome: str, by: str = "", event: dict[str, Any] | None = None,
+                       now: float | None = None) -> CompletionOutcome:
+        """Complete a deferred call; raises the token's conflict (unknown, completed, expired, cancelled)."""
+        sid, secret = parse_token(token)
+        tkey = self.keys.token(sid, secret)
+        res = self._run("complete_token", sid, [outcome, by, json.dumps(event or {})], extra_keys=(tkey,), now=now)
+        status = res[0]
+        if status == "due":
+            self.expire_call(sid, res[2], now=now)
+            status = "expired"
+        if status != "ok":
+            err = TOKEN_ERRORS.get(status, UnknownToken)
+            raise err(_token_message(status, token), token=token)
+        return CompletionOutcome(token=token, session_id=sid, call_id=res[1], remaining=int(res[2]),
+                                 woken=bool(res[3]))
+
+    def token_info(self, token: str) -> dict[str, str]:
+        sid, secret = parse_token(token)
+        data = self.client.hgetall(self.keys.token(sid, secret))
+        if not data:
+            raise UnknownToken(_token_message("unknown", token), token=token)
+        return data
+
+    def expire_call(self, session_id: str, field: str, now: float | None = None) -> Finished:
+        now = time.time() if now is None else now
+        raw = self.client.hget(self.keys.calls(session_id), field)
+        if raw is None:
+            self.client.zrem(self.keys.deadlines, f"{session_id} {field}")
+            return Finished(status="gone")
+        call = TrackedCall.model_validate_json(raw)
+        if not call.token:
+            self.client.zrem(self.keys.deadlines, f"{session_id} {field}")
+            return Finished(status="gone")
+        tkey = self.keys.token(session_id, parse_token(call.token)[1])
+        outcome = outcome_json(CallState.EXPIRED, now=now, attempts=0)
+        res = self._run("expire_call", session_id,
+                        [field, outcome, json.dumps({"call_id": call.call_id, "tool": call.tool})],
+                        extra_keys=(tkey,), now=now)
+        if res[0] != "ok":
+            return Finished(status=str(res[0]))
+        return Finished(status="ok", remaining=int(res[1]), woken=bool(res[2]), version=int(res[3]))
+
+    def due_deadlines(self, now: float, limit: int = 100) -> list[tuple[str, str]]:
+        members = self.client.zrangebyscore(self.keys.deadlines, "-inf", int(now * 1000), start=0, num=limit)
+        return [tuple(m.split(" ", 1)) for m in members]  # type: ignore[misc]
+
+    # -- drive -------------------------------------------------------------------------------
+    def set_drive(self, session_id: str, drive: str) -> tuple[int, bool]:
+        """Pause ("manual") or resume ("auto"); returns (version, whether a step is now owed)."""
+        check_session_id(session_id)
+        h = self.header(session_id)
+        res = self._run("set_drive", session_id, [drive, self.agent(h.agent_hash).max_steps])
+        if res[0] == "missing":
+            raise UnknownSession(f"unknown session {session_id!r}", session_id=session_id)
+        if res[0] == "ended":
+            raise SessionNotAdvanceable(f"session {session_id} is {res[1]}: it cannot be resumed or paused",
+                                        session_id=session_id, status=res[1])
+        return int(res[1]), bool(res[2])
+
+    def prepare_step(self, session_id: str) -> int:
+        """Make a session steppable (a failed one becomes active); returns its version."""
+        h = self.header(session_id)
+        res = self._run("step_through", session_id, [self.agent(h.agent_hash).max_steps])
+        if res[0] == "missing":
+            raise UnknownSession(f"unknown session {session_id!r}", session_id=session_id)
+        if res[0] == "ended":
+            raise SessionNotAdvanceable(f"session {session_id} is {res[1]}: it cannot take another step",
+                                        session_id=session_id, status=res[1])
+        return int(res[1])
+
+    def cancel(self, session_id: str, now: float | None = None) -> int:
+        now = time.time() if now is None else now
+        unfinished = [c for c in self.pending_calls(session_id)]
+        outcomes = {c.field: outcome_json(CallState.CANCELLED, now=now, attempts=c.attempts) for c in unfinished}
+        tkeys = tuple(self.keys.token(session_id, parse_token(c.token)[1]) for c in unfinished if c.token)
+        res = self._run("cancel_session", session_id, [json.dumps(outcomes)], extra_keys=tkeys, now=now)
+        if res[0] == "missing":
+            raise UnknownSession(f"unknown session {session_id!r}", session_id=session_id)
+        if res[0] == "ended":
+            raise SessionNotAdvanceable(f"session {session_id} is already {res[1]}", session_id=session_id,
+                                        status=res[1])
+        return int(res[1])
+
+    def owed(self, older_than: float, limit: int = 200) -> list[str]:
+        return list(self.client.zrangebyscore(self.keys.owed, "-inf", int(older_than * 1000), start=0, num=limit))
+
+    def touch_owed(self, session_id: str, now: float) -> None:
+        self.client.zadd(self.keys.owed, {session_id: int(now * 1000)}, xx=True)
+
+    # -- views -------------------------------------------------------------------------------
+    def pending_calls(self, session_id: str) -> list[TrackedCall]:
+        check_session_id(session_id)
+        fields = sorted(self.client.smembers(self.keys.pending(session_id)))
+        if not fields:
+            if not self.client.exists(self.keys.meta(session_id)):
+                raise UnknownSession(f"unknown session {session_id!r}", session_id=session_id)
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hmget(self.keys.calls(session_id), fields)
+        pipe.hmget(self.keys.results(session_id), fields)
+        raw_calls, raw_results = pipe.execute()
+        calls = [merge_outcome(c, r) for c, r in zip(raw_calls, raw_results, strict=True) if c]
+        return sorted((c for c in calls if not c.state.final), key=lambda c: (c.batch, c.position))
+
+    def pending_view(self, session_id: str | None = None, limit: int = 1000) -> list[PendingCall]:
+        """Unfinished calls of one session, or of all sessions oldest first (never a scan)."""
+        if session_id is not None:
+            return [pending_view(session_id, c) for c in self.pending_calls(session_id)]
+        members = self.client.zrange(self.keys.pending_all, 0, limit - 1)
+        pairs = [m.split(" ", 1) for m in members]
+        pipe = self.client.pipeline(transaction=False)
+        for sid, field in pairs:
+            pipe.hget(self.keys.calls(sid), field)
+            pipe.hget(self.keys.results(sid), field)
+        raw = pipe.execute()
+        out = []
+        for i, (sid, _field) in enumerate(pairs):
+            if raw[2 * i]:
+                call = merge_outcome(raw[2 * i], raw[2 * i + 1])
+                if not call.state.final:
+                    out.append(pending_view(sid, call))
+        return out
+
+    def list_sessions(self, state: str | None = None, limit: int = 50) -> list[SessionHeader]:
+        index = self.keys.state_index(state) if state else self.keys.sessions
+        ids = self.client.zrevrange(index, 0, limit - 1)
+        pipe = self.client.pipeline(transaction=False)
+        for sid in ids:
+            pipe.hgetall(self.keys.meta(sid))
+        return [header_from_hash(d) for d in pipe.execute() if d]
+
+    # -- events ------------------------------------------------------------------------------
+    def last_event_id(self, session_id: str) -> str:
+        last = self.client.xrevrange(self.keys.events(session_id), count=1)
+        return last[0][0] if last else "0-0"
+
+    def read_events(self, session_id: str, after: str = "0-0", block_ms: int | None = None,
+                    count: int = 500) -> list[dict[str, Any]]:
+        key = self.keys.events(session_id)
+        if block_ms is None:
+            raw = self.client.xrange(key, min=f"({after}" if after != "0-0" else "-", count=count)
+        else:
+            res = self.client.xread({key: after}, block=block_ms, count=count)
+            raw = res[0][1] if res else []
+        return [event_from_entry(eid, fields) for eid, fields in raw]
+
+    def follow_events(self, session_id: str, after: str = "0-0", block_ms: int = 1000) -> Iterator[dict[str, Any]]:
+        while True:
+            events = self.read_events(session_id, after, block_ms=block_ms)
+            for e in events:
+                after = e["id"]
+                yield e
+
+
+def event_from_entry(eid: str, fields: dict[str, str]) -> dict[str, Any]:
+    data = json.loads(fields.get("data") or "{}")
+    return {"id": eid, "type": fields.get("type", ""), "at": float(fields.get("at", 0)),
+            "version": int(fields.get("version", 0)), **data}
+
+
+def pending_view(session_id: str, call: TrackedCall) -> PendingCall:
+    return PendingCall(session_id=session_id, call_id=call.call_id, tool=call.tool, arguments=call.arguments,
+                       disposition=call.disposition, reason=call.reason, state=call.state.value,
+                       token=call.token if call.state == CallState.DEFERRED else None,
+                       created_at=call.created_at, expires_at=call.expires_at)
+
+
+def _token_message(status: str, token: str) -> str:
+    short = token if len(token) <= 80 else token[:77] + "..."
+    return {
+        "unknown": f"unknown token {short!r}",
+        "completed": f"token {short!r} was already completed",
+        "expired": f"token {short!r} expired: its deadline passed and the model was told no result came",
+        "cancelled": f"token {short!r} was cancelled with its session",
+    }.get(status, f"token {short!r} cannot be completed ({status})")
