@@ -98,11 +98,13 @@ class SessionView(BaseModel):
     created_at: float = 0.0
     updated_at: float = 0.0
     turns: list[dict[str, Any]] | None = None
+    calls: list[dict[str, Any]] | None = None
 
     def to_json(self) -> dict[str, Any]:
         data = self.model_dump(mode="json")
-        if data["turns"] is None:
-            del data["turns"]
+        for optional in ("turns", "calls"):
+            if data[optional] is None:
+                del data[optional]
         return data
 
 

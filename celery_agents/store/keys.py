@@ -53,6 +53,10 @@ class Keys:
         """String: the worker running a step of the session, with a time to live."""
         return self.session(sid, "lease")
 
+    def call_lease(self, sid: str, field: str) -> str:
+        """String: the worker running a dispatched call, with a time to live."""
+        return self.session(sid, f"call-lease:{field}")
+
     def token(self, sid: str, secret: str) -> str:
         """Hash: one continuation token."""
         return self.session(sid, f"tok:{secret}")

@@ -80,6 +80,7 @@ class Loaded:
     turns: list[UserTurn | LlmTurn]
     calls: list[TrackedCall]
     lease_holder: str
+    journal: dict[str, str]
 
 
 @dataclass
@@ -149,6 +150,14 @@ def merge_outcome(call_json: str, outcome_json: str | None) -> TrackedCall:
     return TrackedCall.model_validate(data)
 
 
+def completion_json(result: Any, *, is_error: bool, by: str | None, now: float) -> str:
+    """The outcome recorded when a deferred call is completed from outside."""
+    if is_error:
+        text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False)
+        return outcome_json(CallState.FAILED, error=text, now=now, completed_by=by, attempts=1)
+    return outcome_json(CallState.COMPLETED, result=result, now=now, completed_by=by, attempts=1)
+
+
 def outcome_json(state: CallState, *, result: Any = None, error: str | None = None, now: float,
                  duration_ms: float | None = None, exit_status: int | None = None, attempts: int | None = None,
                  completed_by: str | None = None, meta: dict[str, Any] | None = None,
@@ -215,7 +224,7 @@ class Store:
                                created_at=now, updated_at=now, step_limit=agent.max_steps, turn_count=1)
         turn = UserTurn(query=query, at=now)
         res = self._run("create_session", sid,
-                        [json.dumps(header_to_hash(header)), turn.model_dump_json(exclude_defaults=True),
+                        [json.dumps(header_to_hash(header)), turn.model_dump_json(exclude_none=True),
                          agent.to_json(), "1" if owe else "0"],
                         extra_keys=(self.keys.agent(content_hash),), now=now)
         if res[0] != "ok":
@@ -243,20 +252,23 @@ class Store:
         res = self._run("load_session", session_id, [len(cached)])
         if not res:
             raise UnknownSession(f"unknown session {session_id!r}", session_id=session_id)
-        flat, raw_turns, raw_calls, raw_results, holder = res
+        return self._loaded(session_id, res, len(cached))
+
+    def _loaded(self, session_id: str, payload: list[Any], have: int) -> Loaded:
+        flat, raw_turns, raw_calls, raw_results, holder, journal = payload
         header = header_from_hash(dict(zip(flat[::2], flat[1::2], strict=True)))
+        cached = self._turn_cache.get(session_id, [])[:have]
         turns = cached + [_TURN.validate_json(t) for t in raw_turns]
         if len(turns) != header.turn_count:
-            res = self._run("load_session", session_id, [0])
-            flat, raw_turns, raw_calls, raw_results, holder = res
-            header = header_from_hash(dict(zip(flat[::2], flat[1::2], strict=True)))
-            turns = [_TURN.validate_json(t) for t in raw_turns]
+            # The cache does not match what is stored (a restore from backup?): read every turn.
+            turns = self.turns(session_id)
         self._turn_cache[session_id] = turns
         self._turn_cache.move_to_end(session_id)
         while len(self._turn_cache) > 512:
             self._turn_cache.popitem(last=False)
         calls = [merge_outcome(c, r) for c, r in zip(raw_calls, raw_results, strict=True) if c]
-        return Loaded(header=header, turns=list(turns), calls=calls, lease_holder=holder or "")
+        return Loaded(header=header, turns=list(turns), calls=calls, lease_holder=holder or "",
+                      journal=dict(zip(journal[::2], journal[1::2], strict=True)))
 
     def turns(self, session_id: str) -> list[UserTurn | LlmTurn]:
         check_session_id(session_id)
@@ -273,9 +285,17 @@ class Store:
         return sorted(calls, key=lambda c: (c.batch, c.position))
 
     # -- steps -------------------------------------------------------------------------------
-    def begin_step(self, session_id: str, version: int, owner: str, request: str = "") -> tuple[str, str]:
+    def begin_step(self, session_id: str, version: int, owner: str, request: str = "") -> tuple[str, Loaded | str]:
+        """Take the session's lease for a step at `version` and read what the step needs.
+
+        Returns ("ok", Loaded) or a refusal: ("stale", current version), ("busy", holder),
+        ("ended", status) or ("missing", "")."""
+        check_session_id(session_id)
         lease_ms = int(self.settings.lease_seconds * 1000)
-        res = self._run("begin_step", session_id, [version, owner, lease_ms, request])
+        have = len(self._turn_cache.get(session_id, []))
+        res = self._run("begin_step", session_id, [version, owner, lease_ms, request, have])
+        if res[0] == "ok":
+            return "ok", self._loaded(session_id, res[1], have)
         return res[0], (res[1] if len(res) > 1 else "")
 
     def renew_lease(self, session_id: str, owner: str) -> bool:
@@ -313,7 +333,7 @@ class Store:
             "request": request,
         }
         args: list[Any] = [header.version, owner, json.dumps(control, ensure_ascii=False)]
-        args.extend(t.model_dump_json(exclude_defaults=True) for t in new_turns)
+        args.extend(t.model_dump_json(exclude_none=True) for t in new_turns)
         for c in calls:
             args.extend((c.field, c.model_dump_json(exclude_defaults=True)))
         res = self._run("commit_step", sid, args, extra_keys=token_keys, now=now)
@@ -347,8 +367,9 @@ class Store:
         return Finished(status="ok", remaining=int(res[1]), woken=bool(res[2]), version=int(res[3]))
 
     def complete_token(self, token: str, outcome: str, by: str = "", event: dict[str, Any] | None = None,
-                       now: float | None = None) -> CompletionOutcome:
-        """Complete a deferred call; raises the token's conflict (unknown, completed, expired, cancelled)."""
+                       now: float | None = None) -> tuple[CompletionOutcome, int]:
+        """Complete a deferred call; returns the outcome and the session's version, or raises the
+        token's conflict (unknown, completed, expired, cancelled)."""
         sid, secret = parse_token(token)
         tkey = self.keys.token(sid, secret)
         res = self._run("complete_token", sid, [outcome, by, json.dumps(event or {})], extra_keys=(tkey,), now=now)
@@ -360,7 +381,7 @@ class Store:
             err = TOKEN_ERRORS.get(status, UnknownToken)
             raise err(_token_message(status, token), token=token)
         return CompletionOutcome(token=token, session_id=sid, call_id=res[1], remaining=int(res[2]),
-                                 woken=bool(res[3]))
+                                 woken=bool(res[3])), int(res[4])
 
     def token_info(self, token: str) -> dict[str, str]:
         sid, secret = parse_token(token)
@@ -428,6 +449,23 @@ class Store:
             raise SessionNotAdvanceable(f"session {session_id} is already {res[1]}", session_id=session_id,
                                         status=res[1])
         return int(res[1])
+
+    def expire_due(self, now: float | None = None) -> list[Finished]:
+        """Expire every deferred call whose deadline has passed (what the worker sweeper does)."""
+        now = time.time() if now is None else now
+        return [self.expire_call(sid, field, now=now) for sid, field in self.due_deadlines(now)]
+
+    def live_workers(self, within: float = 15.0) -> list[dict[str, Any]]:
+        now = time.time()
+        out = []
+        for name, raw in self.client.hgetall(self.keys.workers).items():
+            try:
+                beat = json.loads(raw)
+            except json.JSONDecodeError:
+                continue
+            if now - float(beat.get("at", 0)) <= within:
+                out.append({"name": name, **beat})
+        return out
 
     def owed(self, older_than: float, limit: int = 200) -> list[str]:
         return list(self.client.zrangebyscore(self.keys.owed, "-inf", int(older_than * 1000), start=0, num=limit))

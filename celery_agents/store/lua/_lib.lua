@@ -76,3 +76,19 @@ local function finish_call(field, outcome, event_kind, event_data)
   end
   return {remaining, woken, tonumber(m[4])}
 end
+
+-- What a step reads: {meta (flat), turns from index `from`, newest batch's calls and outcomes,
+-- lease holder, journal (flat)}.
+local function load_payload(from)
+  local meta = redis.call('HGETALL', K.meta)
+  local turns = redis.call('LRANGE', K.turns, from, -1)
+  local batch = redis.call('HMGET', K.meta, 'batch', 'batch_size')
+  local calls, results = {}, {}
+  if batch[1] and batch[2] and tonumber(batch[2]) > 0 then
+    local fields = {}
+    for p = 0, tonumber(batch[2]) - 1 do fields[#fields + 1] = batch[1] .. ':' .. p end
+    calls = redis.call('HMGET', K.calls, unpack(fields))
+    results = redis.call('HMGET', K.results, unpack(fields))
+  end
+  return {meta, turns, calls, results, redis.call('GET', K.lease) or '', redis.call('HGETALL', K.journal)}
+end

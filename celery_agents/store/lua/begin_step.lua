@@ -1,5 +1,6 @@
 -- Start a step at an expected version: refuse stale copies and copies racing a live one.
--- ARGV[4] = expected version, ARGV[5] = lease owner, ARGV[6] = lease ms, ARGV[7] = request id.
+-- ARGV[4] = expected version, ARGV[5] = lease owner, ARGV[6] = lease ms, ARGV[7] = request id,
+-- ARGV[8] = index of the first turn the caller does not have. On success returns {'ok', payload}.
 local m = redis.call('HMGET', K.meta, 'version', 'status')
 if not m[1] then return {'missing'} end
 local req = ARGV[7]
@@ -18,4 +19,4 @@ if holder and holder ~= ARGV[5] then
 end
 redis.call('SET', K.lease, ARGV[5], 'PX', ARGV[6])
 emit('step_started', cjson.encode({request = req, owner = ARGV[5]}))
-return {'ok', m[1]}
+return {'ok', load_payload(tonumber(ARGV[8]))}

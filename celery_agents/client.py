@@ -1,0 +1,335 @@
+"""The Python API: everything the CLI does, for programs.
+
+    from celery_agents import Client
+    with Client() as client:
+        view = client.start("examples/demo-agent.json", "What is the weather in Paris?", run=True)
+
+With `AGENTS_REDIS_URL` set, commands that advance a session publish to the workers and wait for
+the outcome (`wait=False` returns at once, `timeout` bounds the wait). Without it (the embedded
+local default), or with `inline=True`, steps run in this process, and so do the runAsync and
+runIsolated calls they dispatch.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from celery_agents.config import Settings
+from celery_agents.errors import InvalidInput, SessionNotAdvanceable, WaitTimeout
+from celery_agents.model import (
+    AgentSpec,
+    CompletionOutcome,
+    PendingCall,
+    SessionHeader,
+    SessionView,
+    State,
+    Status,
+    UserQuery,
+    load_agent_file,
+)
+from celery_agents.store import EmbeddedRedis, Store, client_for_url, completion_json
+
+EventHook = Callable[[dict[str, Any]], None]
+
+
+class Client:
+    """A connection to celery-agents' Redis, and the verbs of the CLI."""
+
+    def __init__(self, settings: Settings | None = None, *, inline: bool | None = None, llm: Any = None,
+                 tools: Any = None) -> None:
+        self.settings = settings or Settings.from_env()
+        self.inline = self.settings.embedded if inline is None else inline
+        self._llm, self._tools, self._isolated = llm, tools, None
+        self._store: Store | None = None
+        self._embedded: EmbeddedRedis | None = None
+        self._dispatcher: Any = None
+        self.owner = f"cli@{socket.gethostname()}:{os.getpid()}"
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            if self.settings.embedded:
+                self._embedded = EmbeddedRedis(self.settings.home).acquire()
+                url = self._embedded.url
+            else:
+                url = self.settings.redis_url or ""
+            self._store = Store(client_for_url(url), self.settings)
+        return self._store
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.client.close()
+            self._store = None
+        if self._embedded is not None:
+            self._embedded.release()
+            self._embedded = None
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    @property
+    def dispatcher(self) -> Any:
+        if self._dispatcher is None:
+            from celery_agents.tasks.config import Dispatcher, make_app
+
+            self._dispatcher = Dispatcher(make_app(self.settings, main="celery_agents_client"))
+        return self._dispatcher
+
+    def _ports(self) -> tuple[Any, Any, Any]:
+        if self._llm is None:
+            from celery_agents.llm import LitellmPort
+
+            self._llm = LitellmPort()
+        if self._tools is None or self._isolated is None:
+            from celery_agents.tools import ToolRunner
+
+            self._tools = self._tools or ToolRunner()
+            self._isolated = ToolRunner(isolated=True)
+        return self._llm, self._tools, self._isolated
+
+    # -- views -------------------------------------------------------------------------------
+    def view(self, session_id: str, *, detail: bool = False, header: SessionHeader | None = None) -> SessionView:
+        """The contract's session view; `detail` adds the turns and every tracked call."""
+        store = self.store
+        h = header or store.header(session_id)
+        pending = store.pending_view(session_id) if h.status == Status.ACTIVE or h.state == State.WAITING else []
+        state = h.state
+        if h.status == Status.ACTIVE and store.lease_holder(session_id):
+            state = State.RUNNING
+        view = SessionView(session_id=h.session_id, state=state, head=h.head, version=h.version, steps=h.steps,
+                           pending=pending, response=h.response, error=h.error, status=h.status, drive=h.drive,
+                           agent=h.agent_slug, usage=h.usage, created_at=h.created_at, updated_at=h.updated_at)
+        if detail:
+            view.turns = [t.model_dump(mode="json") for t in store.turns(session_id)]
+            view.calls = [c.model_dump(mode="json") for c in store.calls(session_id)]
+        return view
+
+    def show(self, session_id: str, *, detail: bool = True) -> SessionView:
+        self.store.expire_due()
+        return self.view(session_id, detail=detail)
+
+    def list(self, status: str | None = None, limit: int = 50) -> list[SessionView]:
+        if status is not None and status not in {s.value for s in State} - {"running"}:
+            raise InvalidInput(f"unknown status {status!r}: use ready, tools, waiting, completed, failed or cancelled")
+        return [self.view(h.session_id, header=h) for h in self.store.list_sessions(status, limit)]
+
+    def pending(self, session_id: str | None = None, limit: int = 1000) -> list[PendingCall]:
+        self.store.expire_due()
+        return self.store.pending_view(session_id, limit=limit)
+
+    def events(self, session_id: str, *, follow: bool = False, after: str = "0-0") -> Iterator[dict[str, Any]]:
+        store = self.store
+        store.header(session_id)
+        if follow:
+            yield from store.follow_events(session_id, after)
+            return
+        while True:
+            batch = store.read_events(session_id, after)
+            if not batch:
+                return
+            yield from batch
+            after = batch[-1]["id"]
+
+    # -- starting ----------------------------------------------------------------------------
+    def start(self, agent: AgentSpec | str | Path, prompt: str | UserQuery, *, step: bool = False, run: bool = False,
+              wait: bool = True, timeout: float | None = None, on_event: EventHook | None = None) -> SessionView:
+        """Create a session from a prompt; `step` runs one step, `run` drives it until it completes or
+        only external work remains."""
+        if step and run:
+            raise InvalidInput("choose --step or --run, not both")
+        spec = agent if isinstance(agent, AgentSpec) else load_agent_file(agent)
+        query = prompt if isinstance(prompt, UserQuery) else UserQuery(text=prompt)
+        if not query.text.strip() and not query.media:
+            raise InvalidInput("the prompt is empty: give -p TEXT, --file PATH or --media PATH")
+        h = self.store.create_session(spec, query, drive="auto" if run else "manual", owe=run)
+        if run:
+            return self._drive(h.session_id, h.version, wait=wait, timeout=timeout, on_event=on_event,
+                               after="0-0")
+        if step:
+            return self.step(h.session_id, wait=wait, timeout=timeout, on_event=on_event)
+        return self.view(h.session_id)
+
+    # -- advancing ---------------------------------------------------------------------------
+    def step(self, session_id: str, *, wait: bool = True, timeout: float | None = None,
+             on_event: EventHook | None = None) -> SessionView:
+        """Run exactly one step (a failed session is retried from its last committed state)."""
+        store = self.store
+        store.expire_due()
+        version = store.prepare_step(session_id)
+        if self.inline:
+            after = store.last_event_id(session_id)
+            self._step_inline(session_id, version)
+            self._replay(session_id, after, on_event)
+            return self.view(session_id)
+        request = uuid.uuid4().hex
+        after = store.last_event_id(session_id)
+        self.dispatcher.step(session_id, version, request)
+        if wait:
+            self._wait(session_id, after, timeout, on_event, lambda e: _step_done(e, version, request))
+        return self.view(session_id)
+
+    def resume(self, session_id: str, *, wait: bool = True, timeout: float | None = None,
+               on_event: EventHook | None = None) -> SessionView:
+        """Drive the session (auto) until it completes, fails, or only external work remains."""
+        store = self.store
+        store.expire_due()
+        after = store.last_event_id(session_id)
+        version, owed = store.set_drive(session_id, "auto")
+        return self._drive(session_id, version, wait=wait, timeout=timeout, on_event=on_event, after=after,
+                           publish=owed)
+
+    def pause(self, session_id: str) -> SessionView:
+        """Stop driving: no further step is enqueued; a step in flight finishes and commits."""
+        self.store.set_drive(session_id, "manual")
+        return self.view(session_id)
+
+    def cancel(self, session_id: str) -> SessionView:
+        """Stop the session for good: unfinished calls cancelled, tokens dead."""
+        self.store.cancel(session_id)
+        return self.view(session_id)
+
+    def complete(self, token: str, result: Any, *, error: bool = False, by: str | None = None) -> CompletionOutcome:
+        """Complete a deferred call with its result (or, with `error`, its error text)."""
+        if result is None or (isinstance(result, str) and not result.strip()):
+            from celery_agents.errors import InvalidResult
+
+            raise InvalidResult("the result is empty: give the tool's result as JSON or text")
+        now = time.time()
+        outcome = completion_json(result, is_error=error, by=by, now=now)
+        done, version = self.store.complete_token(token, outcome, by=by or "",
+                                                  event={"call_id": "", "by": by or "", "error": error}, now=now)
+        if done.woken and self._publish_wakes():
+            self.dispatcher.step(done.session_id, version, "wake")
+        return done
+
+    def run_isolated(self, session_id: str) -> SessionView:
+        """Run this session's unfinished runIsolated calls here, sandboxed, and record their results."""
+        from celery_agents.runtime import run_call
+
+        store = self.store
+        _, _, isolated = self._ports()
+        for call in store.pending_calls(session_id):
+            if call.disposition != "runIsolated":
+                continue
+            res = run_call(store, session_id, call.field, isolated, self.owner)
+            if res.finished is not None and res.finished.woken and not self.inline:
+                self.dispatcher.step(session_id, res.finished.version, "wake")
+        if self.inline:
+            h = store.header(session_id)
+            if h.drive == "auto":
+                self._drive_inline(session_id)
+        return self.view(session_id)
+
+    # -- inline execution --------------------------------------------------------------------
+    def _publish_wakes(self) -> bool:
+        return not self.inline or bool(self.store.live_workers())
+
+    def _step_inline(self, session_id: str, version: int) -> str:
+        from celery_agents.runtime import run_call, run_step
+
+        llm, tools, isolated = self._ports()
+        result = run_step(self.store, session_id, version, llm=llm, tools=tools, owner=self.owner)
+        if result.outcome == "busy":
+            raise SessionNotAdvanceable(f"session {session_id} is running a step elsewhere; try again when it ends",
+                                        session_id=session_id)
+        for call in result.dispatch:
+            run_call(self.store, session_id, call.field, isolated if call.disposition == "runIsolated" else tools,
+                     self.owner)
+        return result.outcome
+
+    def _drive_inline(self, session_id: str, on_event: EventHook | None = None, after: str = "0-0") -> None:
+        store = self.store
+        while True:
+            h = store.header(session_id)
+            if h.status != Status.ACTIVE or h.drive != "auto" or h.state not in (State.READY, State.TOOLS):
+                break
+            outcome = self._step_inline(session_id, h.version)
+            after = self._replay(session_id, after, on_event)
+            if outcome not in ("committed", "stale"):
+                break
+        self._replay(session_id, after, on_event)
+
+    def _replay(self, session_id: str, after: str, on_event: EventHook | None) -> str:
+        if on_event is None:
+            return after
+        for e in self.store.read_events(session_id, after):
+            on_event(e)
+            after = e["id"]
+        return after
+
+    # -- queue mode --------------------------------------------------------------------------
+    def _drive(self, session_id: str, version: int, *, wait: bool, timeout: float | None,
+               on_event: EventHook | None, after: str, publish: bool = True) -> SessionView:
+        if self.inline:
+            self._drive_inline(session_id, on_event, after)
+            return self.view(session_id)
+        if publish:
+            self.dispatcher.step(session_id, version, "drive")
+        if wait:
+            self._wait(session_id, after, timeout, on_event, lambda e: self._settled(session_id, e))
+        return self.view(session_id)
+
+    def _settled(self, session_id: str, event: dict[str, Any] | None) -> bool:
+        if event is not None and event["type"] not in ("step_committed", "step_noop", "step_skipped", "failed",
+                                                        "cancelled", "paused", "tool_finished", "token_completed",
+                                                        "token_expired"):
+            return False
+        store = self.store
+        h = store.header(session_id)
+        if h.status != Status.ACTIVE:
+            return True
+        if store.lease_holder(session_id):
+            return False
+        if h.state in (State.READY, State.TOOLS):
+            return h.drive != "auto"
+        return all(c.disposition == "defer" for c in store.pending_calls(session_id))
+
+    def _wait(self, session_id: str, after: str, timeout: float | None, on_event: EventHook | None,
+              done: Callable[[dict[str, Any] | None], bool]) -> None:
+        store = self.store
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if done(None):
+            self._replay(session_id, after, on_event)
+            return
+        while True:
+            block = 1000
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise WaitTimeout(f"no outcome for session {session_id} within {timeout:g} s; the work goes on "
+                                      f"(see `agents session show {session_id}`)", session_id=session_id)
+                block = max(1, min(block, int(left * 1000)))
+            events = store.read_events(session_id, after, block_ms=block)
+            for e in events:
+                after = e["id"]
+                if on_event is not None:
+                    on_event(e)
+                if done(e):
+                    return
+            if not events and done(None):
+                return
+
+
+def _step_done(event: dict[str, Any] | None, version: int, request: str) -> bool:
+    if event is None:
+        return False
+    kind = event["type"]
+    if kind == "step_committed" and event.get("from_version") == version:
+        return True
+    if event.get("request") == request and kind in ("step_noop", "step_committed"):
+        return True
+    if event.get("request") == request and kind == "step_skipped" and event.get("reason") != "busy":
+        return True
+    return kind in ("failed", "cancelled")

@@ -1,0 +1,10 @@
+"""The imperative shell around the scheduler: one step, one dispatched call, journaling, leases.
+
+Shared by the Celery tasks and the CLI's inline mode; holds no Celery code itself.
+"""
+
+from celery_agents.runtime.calls import CallRun, run_call
+from celery_agents.runtime.ports import JournaledLlm, JournaledTools, SecureIds, SystemClock
+from celery_agents.runtime.step import StepResult, run_step
+
+__all__ = ["CallRun", "JournaledLlm", "JournaledTools", "SecureIds", "StepResult", "SystemClock", "run_call", "run_step"]

@@ -1,0 +1,54 @@
+"""Running one dispatched call (runAsync or runIsolated) and recording its outcome once."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from celery_agents.model import CallState, TrackedCall
+from celery_agents.scheduler.ports import ToolPort
+from celery_agents.store import Finished, Store, outcome_json
+
+
+@dataclass
+class CallRun:
+    """What running a dispatched call did: `status` ok, already (final before), busy, unknown, missing."""
+
+    status: str
+    finished: Finished | None = None
+    call: TrackedCall | None = None
+
+
+def run_call(store: Store, session_id: str, field: str, tools: ToolPort, owner: str) -> CallRun:
+    k = store.keys
+    pipe = store.client.pipeline(transaction=False)
+    pipe.hget(k.calls(session_id), field)
+    pipe.sismember(k.pending(session_id), field)
+    pipe.hmget(k.meta(session_id), ["agent_hash", "status"])
+    raw, is_pending, (agent_hash, status) = pipe.execute()
+    if raw is None or agent_hash is None:
+        return CallRun(status="unknown")
+    call = TrackedCall.model_validate_json(raw)
+    if not is_pending or status != "active":
+        return CallRun(status="already", call=call)
+    lease_key = k.call_lease(session_id, field)
+    lease_ms = int(store.settings.tool_time_limit * 1000) + 60_000
+    if not store.client.set(lease_key, owner, nx=True, px=lease_ms):
+        return CallRun(status="busy", call=call)
+    try:
+        agent = store.agent(agent_hash)
+        started = time.time()
+        outcome = tools.run(agent, session_id, call.model_copy(update={"started_at": started}))
+        state = CallState.COMPLETED if outcome.state == "completed" else CallState.FAILED
+        meta = dict(outcome.meta)
+        if outcome.media:
+            meta["media"] = [m.model_dump() for m in outcome.media]
+        body = outcome_json(state, result=outcome.result, error=outcome.error, now=time.time(),
+                            duration_ms=outcome.duration_ms, exit_status=outcome.exit_status,
+                            attempts=outcome.attempts, meta=meta or None, started_at=started)
+        finished = store.record_result(session_id, field, body,
+                                       {"call_id": call.call_id, "tool": call.tool, "state": state.value})
+        return CallRun(status=finished.status, finished=finished, call=call)
+    finally:
+        if store.client.get(lease_key) == owner:
+            store.client.delete(lease_key)

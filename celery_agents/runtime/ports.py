@@ -1,0 +1,72 @@
+"""The scheduler's ports bound to the real world, and journaling around the costly ones.
+
+A step's model response and each inline tool result are written to the session's journal as soon
+as they exist; a redelivered copy of the step finds them there and does not call or run again.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from dataclasses import asdict
+
+from celery_agents.model import AgentSpec, LlmTurn, Media, TrackedCall
+from celery_agents.scheduler.ports import CallOutcome, LlmPort, LlmRequest, ToolPort
+from celery_agents.store import Store, new_token
+
+
+class SystemClock:
+    def now(self) -> float:
+        return time.time()
+
+
+class SecureIds:
+    def token(self, session_id: str) -> str:
+        return new_token(session_id)
+
+    def call_id(self) -> str:
+        return f"call_{secrets.token_hex(8)}"
+
+
+class JournaledLlm:
+    """Reuses the journaled response of this (session, version); journals a fresh one at once."""
+
+    def __init__(self, store: Store, journal: dict[str, str], inner: LlmPort) -> None:
+        self.store, self.journal, self.inner = store, journal, inner
+        self.reused = False
+
+    def complete(self, request: LlmRequest) -> LlmTurn:
+        field = f"llm:{request.version}"
+        raw = self.journal.get(field)
+        if raw is not None:
+            self.reused = True
+            return LlmTurn.model_validate_json(raw)
+        turn = self.inner.complete(request)
+        raw = self.store.journal_put(request.session_id, field, turn.model_dump_json())
+        return LlmTurn.model_validate_json(raw)
+
+
+def outcome_to_json(outcome: CallOutcome) -> str:
+    return json.dumps(asdict(outcome), ensure_ascii=False, default=str)
+
+
+def outcome_from_json(raw: str) -> CallOutcome:
+    data = json.loads(raw)
+    data["media"] = [Media.model_validate(m) for m in data.get("media", [])]
+    return CallOutcome(**data)
+
+
+class JournaledTools:
+    """Reuses a journaled inline result of this call; journals a fresh one at once."""
+
+    def __init__(self, store: Store, journal: dict[str, str], inner: ToolPort) -> None:
+        self.store, self.journal, self.inner = store, journal, inner
+
+    def run(self, agent: AgentSpec, session_id: str, call: TrackedCall) -> CallOutcome:
+        field = f"tool:{call.field}"
+        raw = self.journal.get(field)
+        if raw is None:
+            outcome = self.inner.run(agent, session_id, call)
+            raw = self.store.journal_put(session_id, field, outcome_to_json(outcome))
+        return outcome_from_json(raw)

@@ -1,0 +1,35 @@
+"""Redis: the keyspace, the Lua scripts, session persistence and the embedded local default.
+
+Nothing here knows about Celery or the model.
+"""
+
+from celery_agents.store.connection import broker_url, client_for_url
+from celery_agents.store.embedded import EmbeddedRedis
+from celery_agents.store.keys import Keys
+from celery_agents.store.store import (
+    Finished,
+    Loaded,
+    Store,
+    check_session_id,
+    completion_json,
+    new_session_id,
+    new_token,
+    outcome_json,
+    parse_token,
+)
+
+__all__ = [
+    "EmbeddedRedis",
+    "Finished",
+    "Keys",
+    "Loaded",
+    "Store",
+    "broker_url",
+    "check_session_id",
+    "completion_json",
+    "client_for_url",
+    "new_session_id",
+    "new_token",
+    "outcome_json",
+    "parse_token",
+]

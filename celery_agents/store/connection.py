@@ -1,0 +1,33 @@
+"""Opening the Redis that holds sessions: `AGENTS_REDIS_URL`, or the embedded local default."""
+
+from __future__ import annotations
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from celery_agents.config import Settings
+from celery_agents.store.embedded import EmbeddedRedis
+
+
+def client_for_url(url: str) -> redis.Redis:
+    """A client for a `redis://`, `rediss://` or `unix://` URL (passwords and ACL users included)."""
+    return redis.Redis.from_url(
+        url,
+        decode_responses=True,
+        socket_connect_timeout=5,
+        socket_timeout=30,
+        health_check_interval=25,
+        retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 3),
+        retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+    )
+
+
+def broker_url(settings: Settings) -> str:
+    """The Celery broker: `AGENTS_BROKER_URL`, else the state Redis (embedded: its unix socket)."""
+    if settings.broker_url:
+        return settings.broker_url
+    if settings.redis_url:
+        url = settings.redis_url
+        return "redis+socket://" + url[len("unix://"):] if url.startswith("unix://") else url
+    return EmbeddedRedis(settings.home).broker_url

@@ -1,0 +1,37 @@
+"""Tool tasks: one `runAsync` call on the `tools` queue, one `runIsolated` call on `isolated`.
+
+The call's outcome is recorded once (first writer wins); if it was the last unfinished call of an
+auto-driven session, the session is woken.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from celery_agents.runtime import run_call
+from celery_agents.tasks.celery_app import app, settings
+from celery_agents.tasks.config import CALL_TASK, ISOLATED_TASK, Dispatcher
+from celery_agents.tasks.context import worker_context
+
+
+def _run(task: Any, session_id: str, field: str, isolated: bool) -> str:
+    ctx = worker_context(settings)
+    owner = f"{task.request.hostname or 'worker'}:{os.getpid()}:{task.request.id}"
+    tools = ctx.isolated_tools if isolated else ctx.tools
+    res = run_call(ctx.store, session_id, field, tools, owner)
+    if res.finished is not None and res.finished.woken:
+        Dispatcher(app).step(session_id, res.finished.version)
+    return res.status
+
+
+@app.task(name=CALL_TASK, bind=True, ignore_result=True, soft_time_limit=settings.tool_time_limit * 0.95,
+          time_limit=settings.tool_time_limit)
+def run_async_call(self: Any, session_id: str, field: str) -> str:
+    return _run(self, session_id, field, isolated=False)
+
+
+@app.task(name=ISOLATED_TASK, bind=True, ignore_result=True, soft_time_limit=settings.tool_time_limit * 0.95,
+          time_limit=settings.tool_time_limit)
+def run_isolated_call(self: Any, session_id: str, field: str) -> str:
+    return _run(self, session_id, field, isolated=True)

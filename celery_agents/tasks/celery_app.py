@@ -1,0 +1,12 @@
+"""The worker's Celery app (`celery -A celery_agents.tasks worker`), configured from the environment."""
+
+from __future__ import annotations
+
+from celery_agents.config import Settings
+from celery_agents.tasks.config import make_app
+
+settings = Settings.from_env()
+app = make_app(settings)
+
+# Registering the tasks and signal handlers needs `app` defined above.
+from celery_agents.tasks import calls, services, step  # noqa: E402,F401

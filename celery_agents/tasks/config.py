@@ -1,0 +1,82 @@
+"""The Celery app's configuration, and publishing steps and tool calls to its queues.
+
+JSON only, late acknowledgement, requeue when a worker dies, one message prefetched per process,
+time limits below the broker's visibility timeout, broker keys under `<prefix>:celery:`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+
+from celery_agents.config import Settings
+from celery_agents.model import TrackedCall
+from celery_agents.store import Keys, broker_url
+
+STEP_TASK = "celery_agents.step"
+CALL_TASK = "celery_agents.run_call"
+ISOLATED_TASK = "celery_agents.run_isolated_call"
+QUEUES = ("steps", "tools", "isolated")
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    vt = settings.visibility_timeout
+    transport = {
+        "visibility_timeout": vt,
+        "global_keyprefix": Keys(settings.prefix).celery_prefix,
+        "socket_timeout": 30,
+        "socket_connect_timeout": 5,
+        "health_check_interval": 25,
+        "unacked_restore_interval": 10,
+        "unacked_restore_throttle": 3,
+    }
+    return {
+        "broker_url": broker_url(settings),
+        "broker_transport_options": transport,
+        "visibility_timeout": vt,
+        "broker_connection_retry_on_startup": True,
+        "broker_pool_acquire_timeout": 30,
+        "result_backend": None,
+        "task_ignore_result": True,
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "event_serializer": "json",
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "task_acks_on_failure": True,
+        "task_acks_on_timeout": True,
+        "worker_prefetch_multiplier": 1,
+        "worker_max_tasks_per_child": 1000,
+        "worker_max_memory_per_child": 1_000_000,
+        "worker_soft_shutdown_timeout": 30.0,
+        "worker_enable_soft_shutdown_on_idle": True,
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        "worker_hijack_root_logger": False,
+        "task_default_queue": "steps",
+        "task_routes": {STEP_TASK: {"queue": "steps"}, CALL_TASK: {"queue": "tools"},
+                        ISOLATED_TASK: {"queue": "isolated"}},
+        "task_create_missing_queues": True,
+    }
+
+
+def make_app(settings: Settings, main: str = "celery_agents") -> Celery:
+    app = Celery(main, set_as_current=False)
+    app.conf.update(celery_config(settings))
+    return app
+
+
+class Dispatcher:
+    """Publishes steps and dispatched calls to the queues."""
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+
+    def step(self, session_id: str, version: int, request: str = "") -> None:
+        self.app.send_task(STEP_TASK, args=(session_id, version, request), queue="steps")
+
+    def call(self, session_id: str, call: TrackedCall) -> None:
+        isolated = call.disposition == "runIsolated"
+        self.app.send_task(ISOLATED_TASK if isolated else CALL_TASK, args=(session_id, call.field),
+                           queue="isolated" if isolated else "tools")

@@ -1,0 +1,38 @@
+"""What a worker process needs, built once per process (after the prefork fork)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from celery_agents.config import Settings
+from celery_agents.llm import LitellmPort
+from celery_agents.store import EmbeddedRedis, Store, client_for_url
+from celery_agents.tools import ToolRunner
+
+
+@dataclass
+class WorkerContext:
+    settings: Settings
+    store: Store
+    llm: LitellmPort
+    tools: ToolRunner
+    isolated_tools: ToolRunner
+
+
+_ctx: WorkerContext | None = None
+_pid: int | None = None
+
+
+def state_url(settings: Settings) -> str:
+    return settings.redis_url or EmbeddedRedis(settings.home).url
+
+
+def worker_context(settings: Settings) -> WorkerContext:
+    global _ctx, _pid
+    if _ctx is None or _pid != os.getpid():
+        store = Store(client_for_url(state_url(settings)), settings)
+        _ctx = WorkerContext(settings=settings, store=store, llm=LitellmPort(), tools=ToolRunner(),
+                             isolated_tools=ToolRunner(isolated=True))
+        _pid = os.getpid()
+    return _ctx

@@ -1,0 +1,119 @@
+"""Worker services: a thread in each worker's main process that sweeps owed steps (the outbox),
+expires deadlines, and writes the worker's heartbeat. One worker sweeps at a time (a short lock).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+from celery.signals import worker_init, worker_ready, worker_shutdown
+
+from celery_agents.config import Settings
+from celery_agents.store import EmbeddedRedis, Store
+from celery_agents.tasks.celery_app import app, settings
+from celery_agents.tasks.config import Dispatcher
+from celery_agents.tasks.context import worker_context
+
+log = logging.getLogger("celery_agents.services")
+
+
+def sweep_once(store: Store, dispatcher: Dispatcher, settings: Settings, now: float | None = None) -> dict[str, int]:
+    """Publish owed steps nobody took, and expire due deadlines; returns counts."""
+    now = time.time() if now is None else now
+    counts = {"owed": 0, "expired": 0}
+    for sid in store.owed(older_than=now - settings.owed_grace):
+        meta = store.client.hmget(store.keys.meta(sid), ["version", "status", "drive"])
+        version, status, drive = meta
+        if version is None or status != "active" or drive != "auto":
+            store.client.zrem(store.keys.owed, sid)
+            continue
+        store.touch_owed(sid, now)
+        if store.lease_holder(sid):
+            continue
+        dispatcher.step(sid, int(version), request="sweeper")
+        counts["owed"] += 1
+    for sid, field in store.due_deadlines(now):
+        finished = store.expire_call(sid, field, now=now)
+        if finished.status == "ok":
+            counts["expired"] += 1
+            if finished.woken:
+                dispatcher.step(sid, finished.version)
+    return counts
+
+
+class WorkerServices:
+    def __init__(self, settings: Settings, name: str, queues: list[str]) -> None:
+        self.settings = settings
+        self.name = name
+        self.queues = queues
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="celery-agents-services", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        try:
+            store = worker_context(self.settings).store
+            store.client.hdel(store.keys.workers, self.name)
+        except Exception:
+            pass
+
+    def _loop(self) -> None:
+        dispatcher = Dispatcher(app)
+        while not self._stop.is_set():
+            try:
+                store = worker_context(self.settings).store
+                now = time.time()
+                beat = {"pid": os.getpid(), "host": socket.gethostname(), "at": now, "queues": self.queues}
+                store.client.hset(store.keys.workers, self.name, json.dumps(beat))
+                lock_ms = max(100, int(self.settings.sweep_interval * 900))
+                if store.client.set(store.keys.lock("sweeper"), self.name, nx=True, px=lock_ms):
+                    counts = sweep_once(store, dispatcher, self.settings, now)
+                    if any(counts.values()):
+                        log.info("sweep: %s", counts)
+            except Exception:
+                log.exception("worker services sweep failed")
+            self._stop.wait(self.settings.sweep_interval)
+
+
+_services: WorkerServices | None = None
+_embedded: EmbeddedRedis | None = None
+
+
+@worker_init.connect
+def _on_worker_init(**_: Any) -> None:
+    global _embedded
+    if settings.embedded:
+        _embedded = EmbeddedRedis(settings.home).acquire()
+    # Imported once in the parent so that forked pool processes share it.
+    from celery_agents.llm import ensure_litellm
+
+    ensure_litellm()
+
+
+@worker_ready.connect
+def _on_worker_ready(sender: Any = None, **_: Any) -> None:
+    global _services
+    name = getattr(sender, "hostname", None) or f"worker@{socket.gethostname()}:{os.getpid()}"
+    queues = sorted(q.name for q in app.amqp.queues.consume_from.values()) if app.amqp.queues.consume_from else []
+    _services = WorkerServices(settings, name, queues)
+    _services.start()
+
+
+@worker_shutdown.connect
+def _on_worker_shutdown(**_: Any) -> None:
+    global _embedded
+    if _services is not None:
+        _services.stop()
+    if _embedded is not None:
+        _embedded.release()
+        _embedded = None

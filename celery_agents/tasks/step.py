@@ -1,0 +1,32 @@
+"""The `step(session_id, expected_version)` task; stale and duplicate copies do nothing."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from celery_agents.runtime import StepResult, run_step
+from celery_agents.tasks.celery_app import app, settings
+from celery_agents.tasks.config import STEP_TASK, Dispatcher
+from celery_agents.tasks.context import worker_context
+
+
+def publish_after_step(dispatcher: Dispatcher, session_id: str, result: StepResult) -> None:
+    """After a commit: dispatched calls to their queues, then the next step if one is owed."""
+    if result.outcome != "committed":
+        return
+    for call in result.dispatch:
+        dispatcher.call(session_id, call)
+    if result.owed:
+        dispatcher.step(session_id, result.version)
+
+
+@app.task(name=STEP_TASK, bind=True, ignore_result=True, soft_time_limit=settings.step_time_limit * 0.9,
+          time_limit=settings.step_time_limit)
+def step(self: Any, session_id: str, expected_version: int, request: str = "") -> str:
+    ctx = worker_context(settings)
+    owner = f"{self.request.hostname or 'worker'}:{os.getpid()}:{self.request.id}"
+    result = run_step(ctx.store, session_id, int(expected_version), llm=ctx.llm, tools=ctx.tools, owner=owner,
+                      request=request or "")
+    publish_after_step(Dispatcher(app), session_id, result)
+    return result.outcome
