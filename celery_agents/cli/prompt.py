@@ -1,0 +1,108 @@
+"""Building the user's query from `-p TEXT`, `--file PATH` and `--media PATH`, in the order given."""
+
+from __future__ import annotations
+
+import base64
+import mimetypes
+import os
+import sys
+from pathlib import Path
+
+from celery_agents.errors import InvalidInput, InvalidResult
+from celery_agents.model import Media, UserQuery
+
+MEDIA_MAX_BYTES = int(os.environ.get("AGENTS_MEDIA_MAX_BYTES", str(20 * 1024 * 1024)))
+_FLAGS = {"-p": "prompt", "--prompt": "prompt", "--file": "file", "-f": "file", "--media": "media", "-m": "media"}
+
+
+def ordered_parts(argv: list[str], prompts: list[str], files: list[str], media: list[str]) -> list[tuple[str, str]]:
+    """The prompt parts in command-line order (typer hands each option's values over separately)."""
+    found: list[tuple[str, str]] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            break
+        kind = _FLAGS.get(arg.split("=", 1)[0]) if arg.startswith("-") else None
+        if kind and "=" in arg and arg.startswith("--"):
+            found.append((kind, arg.split("=", 1)[1]))
+        elif kind and i + 1 < len(argv):
+            found.append((kind, argv[i + 1]))
+            i += 1
+        i += 1
+    expected = [("prompt", p) for p in prompts] + [("file", f) for f in files] + [("media", m) for m in media]
+    if sorted(found) == sorted(expected):
+        return found
+    return expected
+
+
+def build_query(parts: list[tuple[str, str]]) -> UserQuery:
+    texts: list[str] = []
+    attachments: list[Media] = []
+    for kind, value in parts:
+        if kind == "prompt":
+            texts.append(value)
+        elif kind == "file":
+            texts.append(_read_text(value))
+        else:
+            attachments.append(read_media(value))
+    text = "\n\n".join(t for t in texts if t.strip())
+    if not text.strip() and not attachments:
+        raise InvalidInput("give a prompt: -p TEXT, --file PATH or --media PATH (each may repeat)")
+    return UserQuery(text=text, media=attachments)
+
+
+def _read_text(path: str) -> str:
+    if path == "-":
+        return sys.stdin.read()
+    p = Path(path)
+    try:
+        return p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InvalidInput(f"--file {path}: no such file") from None
+    except UnicodeDecodeError:
+        raise InvalidInput(f"--file {path}: not UTF-8 text (attach binary files with --media)") from None
+    except OSError as exc:
+        raise InvalidInput(f"--file {path}: cannot read it: {exc}") from None
+
+
+def read_media(path: str) -> Media:
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+    except FileNotFoundError:
+        raise InvalidInput(f"--media {path}: no such file") from None
+    if size > MEDIA_MAX_BYTES:
+        raise InvalidInput(f"--media {path}: {size} bytes is more than the limit of {MEDIA_MAX_BYTES} "
+                           "(AGENTS_MEDIA_MAX_BYTES)")
+    if size == 0:
+        raise InvalidInput(f"--media {path}: the file is empty")
+    mime, _ = mimetypes.guess_type(p.name)
+    return Media(mime_type=mime or "application/octet-stream", data_base64=base64.b64encode(p.read_bytes()).decode(),
+                 filename=p.name)
+
+
+def read_result(source: str) -> str:
+    """The text of a result file, or of stdin for `-`; an empty result is refused."""
+    if source == "-":
+        raw = sys.stdin.read()
+    else:
+        try:
+            raw = Path(source).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise InvalidResult(f"{source}: no such result file") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InvalidResult(f"{source}: cannot read it as text: {exc}") from None
+    if not raw.strip():
+        raise InvalidResult(f"{'stdin' if source == '-' else source}: the result is empty; give JSON or text")
+    return raw
+
+
+def parse_result(raw: str) -> object:
+    """JSON text is the result as that JSON value; any other text is the result as stripped text."""
+    import json
+
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw.strip()

@@ -1,0 +1,103 @@
+"""Shared fixtures: real Redis (a private server per test session), isolated key prefixes, the
+scripted model server, agent files, clients, stores (real Redis and fakeredis)."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from celery_agents.config import Settings
+from celery_agents.store import Store, client_for_url
+from tests.support.llm_server import LlmServer
+from tests.support.redis_server import RedisServer
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ.setdefault("AGENTS_LLM_BACKOFF", "0.01")
+for _k in ("AGENTS_REDIS_URL", "AGENTS_BROKER_URL", "AGENTS_PREFIX", "AGENTS_HOME"):
+    os.environ.pop(_k, None)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A private redis-server for the whole test run (AOF off)."""
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.stop(kill=True)
+
+
+@pytest.fixture(scope="session")
+def redis_url(redis_server: RedisServer) -> str:
+    return redis_server.url
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def settings(redis_url: str, prefix: str, tmp_path: Path) -> Settings:
+    return Settings(redis_url=redis_url, prefix=prefix, home=tmp_path / "home", sweep_interval=0.2, owed_grace=2.0)
+
+
+@pytest.fixture
+def rclient(redis_url: str) -> Iterator[redis.Redis]:
+    client = client_for_url(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture(params=["redis", "fakeredis"])
+def any_store(request: pytest.FixtureRequest, settings: Settings) -> Iterator[Store]:
+    """A Store on real Redis, and the same on fakeredis[lua]."""
+    if request.param == "redis":
+        client = client_for_url(settings.redis_url or "")
+    else:
+        fakeredis = pytest.importorskip("fakeredis")
+        client = fakeredis.FakeRedis(decode_responses=True)
+    yield Store(client, settings)
+    client.close()
+
+
+@pytest.fixture
+def store(settings: Settings) -> Iterator[Store]:
+    """A Store on the real Redis."""
+    client = client_for_url(settings.redis_url or "")
+    yield Store(client, settings)
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def llm_server() -> Iterator[LlmServer]:
+    server = LlmServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def write_agent(tmp_path: Path) -> Any:
+    """Write an agent file; returns its path."""
+
+    def write(agent: dict[str, Any], name: str = "agent.json") -> Path:
+        path = tmp_path / name
+        path.write_text(json.dumps(agent))
+        return path
+
+    return write
+
+
+def agent_dict(model: str, api_base: str | None = None, **extra: Any) -> dict[str, Any]:
+    data: dict[str, Any] = {"slug": "test-agent", "model": model}
+    if api_base:
+        data["apiBase"] = api_base
+    data.update(extra)
+    return data

@@ -1,0 +1,152 @@
+"""A small OpenAI-compatible chat-completions server, scripted per scenario.
+
+litellm reaches it through `apiBase` exactly as it reaches a real provider. The request's model
+name picks the scenario (`"model": "openai/<scenario>"`), so one server in the test process serves
+many tests and worker processes at once. Every request is recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
+
+
+@dataclass
+class Reply:
+    """One scripted answer: a message, or an HTTP error; optionally after a delay."""
+
+    content: str | None = None
+    tool_calls: list[tuple[str, dict[str, Any]] | tuple[str, dict[str, Any], str]] = field(default_factory=list)
+    reasoning: str | None = None
+    usage: tuple[int, int] = (10, 5)
+    reasoning_tokens: int = 0
+    status: int = 200
+    error_body: dict[str, Any] | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    delay: float = 0.0
+    raw_arguments: dict[int, str] = field(default_factory=dict)
+
+    def body(self, model: str, turn: int) -> dict[str, Any]:
+        calls = []
+        for i, tc in enumerate(self.tool_calls):
+            name, args = tc[0], tc[1]
+            call_id = tc[2] if len(tc) > 2 else f"call_{turn}_{i}"  # type: ignore[misc]
+            arguments = self.raw_arguments.get(i, json.dumps(args))
+            calls.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
+        message: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if calls:
+            message["tool_calls"] = calls
+        if self.reasoning is not None:
+            message["reasoning_content"] = self.reasoning
+        p, c = self.usage
+        usage: dict[str, Any] = {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+        if self.reasoning_tokens:
+            usage["completion_tokens_details"] = {"reasoning_tokens": self.reasoning_tokens}
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex[:12]}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if calls else "stop"}],
+            "usage": usage,
+        }
+
+
+def text(content: str, **kw: Any) -> Reply:
+    return Reply(content=content, **kw)
+
+
+def calls(*tool_calls: tuple[str, dict[str, Any]] | tuple[str, dict[str, Any], str], **kw: Any) -> Reply:
+    return Reply(tool_calls=list(tool_calls), **kw)
+
+
+def error(status: int, message: str = "scripted error", **kw: Any) -> Reply:
+    return Reply(status=status, error_body={"error": {"message": message, "type": "scripted", "code": status}}, **kw)
+
+
+class LlmServer:
+    """The server and its scripts. `script(name, [Reply, ...])` queues answers for one scenario;
+    a scenario with no answer left repeats its last one, or echoes when it never had any."""
+
+    def __init__(self) -> None:
+        self._scripts: dict[str, deque[Reply | Callable[[dict[str, Any]], Reply]]] = defaultdict(deque)
+        self._last: dict[str, Reply | Callable[[dict[str, Any]], Reply]] = {}
+        self.requests: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self._lock = threading.Lock()
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    def start(self) -> LlmServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    def scenario(self, replies: list[Reply | Callable[[dict[str, Any]], Reply]] | None = None) -> str:
+        """A fresh scenario name with its scripted replies."""
+        name = f"scn-{uuid.uuid4().hex[:10]}"
+        self.script(name, replies or [])
+        return name
+
+    def script(self, name: str, replies: list[Reply | Callable[[dict[str, Any]], Reply]]) -> None:
+        with self._lock:
+            self._scripts[name].extend(replies)
+
+    def count(self, name: str) -> int:
+        with self._lock:
+            return len(self.requests[name])
+
+    def _next(self, name: str, body: dict[str, Any]) -> Reply:
+        with self._lock:
+            self.requests[name].append(body)
+            queue = self._scripts[name]
+            item = queue.popleft() if queue else self._last.get(name)
+            if item is not None:
+                self._last[name] = item
+        if item is None:
+            last = body["messages"][-1]
+            return text(f"echo: {last.get('content')}")
+        return item(body) if callable(item) else item
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("content-length", 0))
+                body = json.loads(self.rfile.read(length) or b"{}")
+                name = str(body.get("model", ""))
+                turn = sum(1 for m in body.get("messages", []) if m.get("role") == "assistant")
+                reply = server._next(name, body)
+                if reply.delay:
+                    time.sleep(reply.delay)
+                payload = reply.error_body if reply.status != 200 else reply.body(name, turn)
+                data = json.dumps(payload).encode()
+                self.send_response(reply.status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                for k, v in reply.headers.items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(data)
+
+        return Handler

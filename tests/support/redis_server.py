@@ -1,0 +1,75 @@
+"""A private redis-server on a free port, for tests that must not share (or that restart) Redis."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import redis
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RedisServer:
+    def __init__(self, directory: Path, *, appendonly: bool = False, appendfsync: str = "everysec",
+                 port: int | None = None) -> None:
+        self.dir = Path(directory)
+        self.port = port or free_port()
+        self.appendonly = appendonly
+        self.appendfsync = appendfsync
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        binary = shutil.which("redis-server") or "/usr/bin/redis-server"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--dir", str(self.dir),
+                "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", self.appendfsync,
+                "--maxmemory-policy", "noeviction", "--logfile", str(self.dir / "redis.log")]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                if client.ping():
+                    client.close()
+                    return self
+            except redis.ConnectionError:
+                time.sleep(0.02)
+        raise RuntimeError(f"redis-server on port {self.port} did not start")
+
+    def stop(self, kill: bool = False) -> None:
+        if self.proc is None:
+            return
+        if kill:
+            self.proc.kill()
+        else:
+            try:
+                redis.Redis(port=self.port).shutdown(nosave=not self.appendonly)
+            except redis.ConnectionError:
+                pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def __del__(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, 9)

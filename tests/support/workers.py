@@ -1,0 +1,85 @@
+"""Real worker processes (`agents worker`, or `celery -A celery_agents.tasks worker`) for tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+
+
+def worker_env(redis_url: str | None, prefix: str, home: Path | None = None, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    for k in list(env):
+        if k.startswith("AGENTS_"):
+            del env[k]
+    if redis_url:
+        env["AGENTS_REDIS_URL"] = redis_url
+    env["AGENTS_PREFIX"] = prefix
+    if home is not None:
+        env["AGENTS_HOME"] = str(home)
+    env.setdefault("AGENTS_SWEEP_INTERVAL", "0.2")
+    env.setdefault("AGENTS_OWED_GRACE", "2")
+    env.setdefault("AGENTS_LLM_BACKOFF", "0.05")
+    env["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+class Worker:
+    """One worker process group; `wait_ready` waits for its heartbeat in Redis."""
+
+    def __init__(self, env: dict[str, str], queues: str = "steps,tools,isolated", concurrency: int = 2,
+                 log: Path | None = None, name: str | None = None) -> None:
+        self.env = env
+        self.name = name or f"w{os.getpid()}-{time.monotonic_ns()}@test"
+        self.args = [sys.executable, "-m", "celery_agents.cli.main", "worker", "--queues", queues,
+                     "--concurrency", str(concurrency), "--name", self.name]
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Worker:
+        out = open(self.log, "ab") if self.log else subprocess.DEVNULL
+        self.proc = subprocess.Popen(self.args, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        return self
+
+    def wait_ready(self, client: redis.Redis, prefix: str, timeout: float = 60) -> Worker:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker exited with {self.proc.returncode}; see {self.log}")
+            raw = client.hget(f"{prefix}:workers", self.name)
+            if raw and json.loads(raw).get("at"):
+                return self
+            time.sleep(0.05)
+        raise RuntimeError(f"worker not ready within {timeout} s; see {self.log}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, sig)
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        except ProcessLookupError:
+            pass
+
+    def kill(self) -> None:
+        self.stop(signal.SIGKILL, timeout=10)
+
+    def __enter__(self) -> Worker:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
