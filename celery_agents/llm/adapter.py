@@ -6,6 +6,7 @@ with exponential backoff and full jitter, honouring `Retry-After`, within one bu
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import threading
@@ -32,6 +33,8 @@ def ensure_litellm() -> Any:
 
             from celery_agents.llm.demo import register_demo_provider
 
+            for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy", "litellm"):
+                logging.getLogger(name).setLevel(logging.WARNING)
             litellm.suppress_debug_info = True
             litellm.telemetry = False
             register_demo_provider(litellm)
