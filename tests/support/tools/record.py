@@ -1,0 +1,20 @@
+#!/usr/bin/env python3
+"""A command tool for tests: appends one line per run to the log file named by argv[1]
+(tool name, idempotency key, arguments) and answers with its arguments echoed as JSON."""
+
+import json
+import os
+import sys
+import time
+
+log, name = sys.argv[1], sys.argv[2]
+args = json.load(sys.stdin)
+delay = float(args.get("sleep", 0))
+with open(log, "a") as f:
+    f.write(json.dumps({"tool": name, "key": os.environ.get("AGENTS_IDEMPOTENCY_KEY"), "args": args,
+                        "phase": "start"}) + "\n")
+if delay:
+    time.sleep(delay)
+with open(log, "a") as f:
+    f.write(json.dumps({"tool": name, "key": os.environ.get("AGENTS_IDEMPOTENCY_KEY"), "phase": "end"}) + "\n")
+print(json.dumps({"tool": name, "echo": args}))
