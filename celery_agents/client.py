@@ -34,7 +34,7 @@ from celery_agents.model import (
     UserQuery,
     load_agent_file,
 )
-from celery_agents.store import EmbeddedRedis, Store, client_for_url, completion_json
+from celery_agents.store import EmbeddedRedis, Store, client_for_url
 
 EventHook = Callable[[dict[str, Any]], None]
 
@@ -42,8 +42,9 @@ EventHook = Callable[[dict[str, Any]], None]
 class Client:
     """A connection to celery-agents' Redis, and the verbs of the CLI."""
 
-    def __init__(self, settings: Settings | None = None, *, inline: bool | None = None, llm: Any = None,
-                 tools: Any = None) -> None:
+    def __init__(
+        self, settings: Settings | None = None, *, inline: bool | None = None, llm: Any = None, tools: Any = None
+    ) -> None:
         self.settings = settings or Settings.from_env()
         self.inline = self.settings.embedded if inline is None else inline
         self._llm, self._tools, self._isolated = llm, tools, None
@@ -75,8 +76,9 @@ class Client:
     def __enter__(self) -> Client:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
     @property
@@ -108,16 +110,29 @@ class Client:
         state = h.state
         if h.status == Status.ACTIVE and store.lease_holder(session_id):
             state = State.RUNNING
-        view = SessionView(session_id=h.session_id, state=state, head=h.head, version=h.version, steps=h.steps,
-                           pending=pending, response=h.response, error=h.error, status=h.status, drive=h.drive,
-                           agent=h.agent_slug, usage=h.usage, created_at=h.created_at, updated_at=h.updated_at)
+        view = SessionView(
+            session_id=h.session_id,
+            state=state,
+            head=h.head,
+            version=h.version,
+            steps=h.steps,
+            pending=pending,
+            response=h.response,
+            error=h.error,
+            status=h.status,
+            drive=h.drive,
+            agent=h.agent_slug,
+            usage=h.usage,
+            created_at=h.created_at,
+            updated_at=h.updated_at,
+        )
         if detail:
             view.turns = [t.model_dump(mode="json") for t in store.turns(session_id)]
             view.calls = [c.model_dump(mode="json") for c in store.calls(session_id)]
         return view
 
     def show(self, session_id: str, *, detail: bool = True) -> SessionView:
-        self.store.expire_due()
+        self.catch_up()
         return self.view(session_id, detail=detail)
 
     def list(self, status: str | None = None, limit: int = 50) -> list[SessionView]:
@@ -126,7 +141,7 @@ class Client:
         return [self.view(h.session_id, header=h) for h in self.store.list_sessions(status, limit)]
 
     def pending(self, session_id: str | None = None, limit: int = 1000) -> list[PendingCall]:
-        self.store.expire_due()
+        self.catch_up()
         return self.store.pending_view(session_id, limit=limit)
 
     def events(self, session_id: str, *, follow: bool = False, after: str = "0-0") -> Iterator[dict[str, Any]]:
@@ -143,8 +158,17 @@ class Client:
             after = batch[-1]["id"]
 
     # -- starting ----------------------------------------------------------------------------
-    def start(self, agent: AgentSpec | str | Path, prompt: str | UserQuery, *, step: bool = False, run: bool = False,
-              wait: bool = True, timeout: float | None = None, on_event: EventHook | None = None) -> SessionView:
+    def start(
+        self,
+        agent: AgentSpec | str | Path,
+        prompt: str | UserQuery,
+        *,
+        step: bool = False,
+        run: bool = False,
+        wait: bool = True,
+        timeout: float | None = None,
+        on_event: EventHook | None = None,
+    ) -> SessionView:
         """Create a session from a prompt; `step` runs one step, `run` drives it until it completes or
         only external work remains."""
         if step and run:
@@ -155,18 +179,18 @@ class Client:
             raise InvalidInput("the prompt is empty: give -p TEXT, --file PATH or --media PATH")
         h = self.store.create_session(spec, query, drive="auto" if run else "manual", owe=run)
         if run:
-            return self._drive(h.session_id, h.version, wait=wait, timeout=timeout, on_event=on_event,
-                               after="0-0")
+            return self._drive(h.session_id, h.version, wait=wait, timeout=timeout, on_event=on_event, after="0-0")
         if step:
             return self.step(h.session_id, wait=wait, timeout=timeout, on_event=on_event)
         return self.view(h.session_id)
 
     # -- advancing ---------------------------------------------------------------------------
-    def step(self, session_id: str, *, wait: bool = True, timeout: float | None = None,
-             on_event: EventHook | None = None) -> SessionView:
+    def step(
+        self, session_id: str, *, wait: bool = True, timeout: float | None = None, on_event: EventHook | None = None
+    ) -> SessionView:
         """Run exactly one step (a failed session is retried from its last committed state)."""
         store = self.store
-        store.expire_due()
+        self.catch_up()
         version = store.prepare_step(session_id)
         if self.inline:
             after = store.last_event_id(session_id)
@@ -180,15 +204,17 @@ class Client:
             self._wait(session_id, after, timeout, on_event, lambda e: _step_done(e, version, request))
         return self.view(session_id)
 
-    def resume(self, session_id: str, *, wait: bool = True, timeout: float | None = None,
-               on_event: EventHook | None = None) -> SessionView:
+    def resume(
+        self, session_id: str, *, wait: bool = True, timeout: float | None = None, on_event: EventHook | None = None
+    ) -> SessionView:
         """Drive the session (auto) until it completes, fails, or only external work remains."""
         store = self.store
-        store.expire_due()
+        self.catch_up()
         after = store.last_event_id(session_id)
         version, owed = store.set_drive(session_id, "auto")
-        return self._drive(session_id, version, wait=wait, timeout=timeout, on_event=on_event, after=after,
-                           publish=owed)
+        return self._drive(
+            session_id, version, wait=wait, timeout=timeout, on_event=on_event, after=after, publish=owed
+        )
 
     def pause(self, session_id: str) -> SessionView:
         """Stop driving: no further step is enqueued; a step in flight finishes and commits."""
@@ -202,17 +228,26 @@ class Client:
 
     def complete(self, token: str, result: Any, *, error: bool = False, by: str | None = None) -> CompletionOutcome:
         """Complete a deferred call with its result (or, with `error`, its error text)."""
-        if result is None or (isinstance(result, str) and not result.strip()):
-            from celery_agents.errors import InvalidResult
+        from celery_agents.runtime.completions import complete
 
-            raise InvalidResult("the result is empty: give the tool's result as JSON or text")
-        now = time.time()
-        outcome = completion_json(result, is_error=error, by=by, now=now)
-        done, version = self.store.complete_token(token, outcome, by=by or "",
-                                                  event={"call_id": "", "by": by or "", "error": error}, now=now)
-        if done.woken and self._publish_wakes():
-            self.dispatcher.step(done.session_id, version, "wake")
-        return done
+        return complete(
+            self.store, token, result, is_error=error, by=by, wake=self._wake if self._publish_wakes() else None
+        )
+
+    def catch_up(self) -> None:
+        """Apply what only workers apply otherwise: due deadlines and, when no worker runs, the
+        completions other systems wrote to the stream."""
+        from celery_agents.runtime.completions import CompletionConsumer
+
+        store = self.store
+        for sid, finished in store.expire_due():
+            if finished.woken and self._publish_wakes():
+                self._wake(sid, finished.version)
+        if self.inline and not store.live_workers():
+            CompletionConsumer(store, self.owner).poll(block_ms=None)
+
+    def _wake(self, session_id: str, version: int) -> None:
+        self.dispatcher.step(session_id, version, "wake")
 
     def run_isolated(self, session_id: str) -> SessionView:
         """Run this session's unfinished runIsolated calls here, sandboxed, and record their results."""
@@ -242,11 +277,13 @@ class Client:
         llm, tools, isolated = self._ports()
         result = run_step(self.store, session_id, version, llm=llm, tools=tools, owner=self.owner)
         if result.outcome == "busy":
-            raise SessionNotAdvanceable(f"session {session_id} is running a step elsewhere; try again when it ends",
-                                        session_id=session_id)
+            raise SessionNotAdvanceable(
+                f"session {session_id} is running a step elsewhere; try again when it ends", session_id=session_id
+            )
         for call in result.dispatch:
-            run_call(self.store, session_id, call.field, isolated if call.disposition == "runIsolated" else tools,
-                     self.owner)
+            run_call(
+                self.store, session_id, call.field, isolated if call.disposition == "runIsolated" else tools, self.owner
+            )
         return result.outcome
 
     def _drive_inline(self, session_id: str, on_event: EventHook | None = None, after: str = "0-0") -> None:
@@ -270,8 +307,17 @@ class Client:
         return after
 
     # -- queue mode --------------------------------------------------------------------------
-    def _drive(self, session_id: str, version: int, *, wait: bool, timeout: float | None,
-               on_event: EventHook | None, after: str, publish: bool = True) -> SessionView:
+    def _drive(
+        self,
+        session_id: str,
+        version: int,
+        *,
+        wait: bool,
+        timeout: float | None,
+        on_event: EventHook | None,
+        after: str,
+        publish: bool = True,
+    ) -> SessionView:
         if self.inline:
             self._drive_inline(session_id, on_event, after)
             return self.view(session_id)
@@ -282,9 +328,17 @@ class Client:
         return self.view(session_id)
 
     def _settled(self, session_id: str, event: dict[str, Any] | None) -> bool:
-        if event is not None and event["type"] not in ("step_committed", "step_noop", "step_skipped", "failed",
-                                                        "cancelled", "paused", "tool_finished", "token_completed",
-                                                        "token_expired"):
+        if event is not None and event["type"] not in (
+            "step_committed",
+            "step_noop",
+            "step_skipped",
+            "failed",
+            "cancelled",
+            "paused",
+            "tool_finished",
+            "token_completed",
+            "token_expired",
+        ):
             return False
         store = self.store
         h = store.header(session_id)
@@ -296,8 +350,14 @@ class Client:
             return h.drive != "auto"
         return all(c.disposition == "defer" for c in store.pending_calls(session_id))
 
-    def _wait(self, session_id: str, after: str, timeout: float | None, on_event: EventHook | None,
-              done: Callable[[dict[str, Any] | None], bool]) -> None:
+    def _wait(
+        self,
+        session_id: str,
+        after: str,
+        timeout: float | None,
+        on_event: EventHook | None,
+        done: Callable[[dict[str, Any] | None], bool],
+    ) -> None:
         store = self.store
         deadline = None if timeout is None else time.monotonic() + timeout
         if done(None):
@@ -308,8 +368,11 @@ class Client:
             if deadline is not None:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise WaitTimeout(f"no outcome for session {session_id} within {timeout:g} s; the work goes on "
-                                      f"(see `agents session show {session_id}`)", session_id=session_id)
+                    raise WaitTimeout(
+                        f"no outcome for session {session_id} within {timeout:g} s; the work goes on "
+                        f"(see `agents session show {session_id}`)",
+                        session_id=session_id,
+                    )
                 block = max(1, min(block, int(left * 1000)))
             events = store.read_events(session_id, after, block_ms=block)
             for e in events:

@@ -100,9 +100,6 @@ def read_result(source: str) -> str:
 
 def parse_result(raw: str) -> object:
     """JSON text is the result as that JSON value; any other text is the result as stripped text."""
-    import json
+    from celery_agents.runtime.completions import parse_result_text
 
-    try:
-        return json.loads(raw)
-    except json.JSONDecodeError:
-        return raw.strip()
+    return parse_result_text(raw)

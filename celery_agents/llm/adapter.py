@@ -11,8 +11,9 @@ import os
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from celery_agents.llm.errors import classify
 from celery_agents.model import LlmTurn, ToolCall, Usage
@@ -60,8 +61,12 @@ class RetryPolicy:
             raw = os.environ.get(name)
             return float(raw) if raw else default
 
-        return cls(attempts=int(f("AGENTS_LLM_ATTEMPTS", 4)), backoff=f("AGENTS_LLM_BACKOFF", 1.0),
-                   max_backoff=f("AGENTS_LLM_MAX_BACKOFF", 30.0), timeout=f("AGENTS_LLM_TIMEOUT", 120.0))
+        return cls(
+            attempts=int(f("AGENTS_LLM_ATTEMPTS", 4)),
+            backoff=f("AGENTS_LLM_BACKOFF", 1.0),
+            max_backoff=f("AGENTS_LLM_MAX_BACKOFF", 30.0),
+            timeout=f("AGENTS_LLM_TIMEOUT", 120.0),
+        )
 
     def delay(self, attempt: int, retry_after: float | None) -> float:
         computed = random.uniform(0, min(self.max_backoff, self.backoff * (2 ** (attempt - 1))))
@@ -75,8 +80,12 @@ def _api_key(request: LlmRequest) -> str | None:
     if agent.api_key_env:
         value = os.environ.get(agent.api_key_env)
         if not value:
-            raise LlmFailure("missing_api_key", f"the environment variable {agent.api_key_env} (apiKeyEnv of agent "
-                             f"{agent.slug!r}) is not set in the worker's environment", transient=False)
+            raise LlmFailure(
+                "missing_api_key",
+                f"the environment variable {agent.api_key_env} (apiKeyEnv of agent "
+                f"{agent.slug!r}) is not set in the worker's environment",
+                transient=False,
+            )
         return value
     if agent.api_base and agent.model.startswith("openai/") and not os.environ.get("OPENAI_API_KEY"):
         # Local OpenAI-compatible servers accept any key; the SDK refuses to run without one.
@@ -125,8 +134,12 @@ def to_llm_turn(response: Any, duration_ms: float, now: float) -> LlmTurn:
 class LitellmPort:
     """The scheduler's `LlmPort` over `litellm.completion`."""
 
-    def __init__(self, retry: RetryPolicy | None = None, sleep: Callable[[float], None] = time.sleep,
-                 on_retry: Callable[[int, str, float], None] | None = None) -> None:
+    def __init__(
+        self,
+        retry: RetryPolicy | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        on_retry: Callable[[int, str, float], None] | None = None,
+    ) -> None:
         self.retry = retry or RetryPolicy.from_env()
         self._sleep = sleep
         self._on_retry = on_retry

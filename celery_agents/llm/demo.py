@@ -38,11 +38,11 @@ def _describe(name: str, content: str) -> str:
     if content.startswith("Error") or content.startswith("No result arrived"):
         return f"I could not use {name}: {content}"
     if name == "get_weather" and isinstance(value, dict):
-        return (f"Right now in {value.get('city')} it is {value.get('temperature_c')} °C and "
-                f"{value.get('conditions')}.")
+        return f"Right now in {value.get('city')} it is {value.get('temperature_c')} °C and {value.get('conditions')}."
     if name == "get_forecast" and isinstance(value, dict):
-        days = ", ".join(f"{d.get('day')} {d.get('high_c')}/{d.get('low_c')} °C {d.get('conditions')}"
-                         for d in value.get("days", []))
+        days = ", ".join(
+            f"{d.get('day')} {d.get('high_c')}/{d.get('low_c')} °C {d.get('conditions')}" for d in value.get("days", [])
+        )
         return f"Forecast for {value.get('city')}: {days}."
     if name == "book_table":
         text = value if isinstance(value, str) else json.dumps(value)
@@ -69,8 +69,12 @@ def demo_reply(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | Non
             tail.append(m)
         parts = [_describe(names.get(m["tool_call_id"], "a tool"), _text_of(m.get("content"))) for m in reversed(tail)]
         text = " ".join(parts)
-        return {"content": text, "reasoning": "All the tool results are in; I summarise them for the user.",
-                "tool_calls": [], "usage": (prompt_tokens, len(text) // 4 + 1)}
+        return {
+            "content": text,
+            "reasoning": "All the tool results are in; I summarise them for the user.",
+            "tool_calls": [],
+            "usage": (prompt_tokens, len(text) // 4 + 1),
+        }
     query = _text_of(last.get("content"))
     match = _CITY.search(query)
     city = match.group(1) if match else None
@@ -81,15 +85,27 @@ def demo_reply(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | Non
         if "get_forecast" in offered:
             calls.append({"name": "get_forecast", "arguments": {"city": city, "days": 3}})
     if _BOOK.search(query) and "book_table" in offered:
-        calls.append({"name": "book_table", "arguments": {"city": city or "Paris", "when": "tomorrow 12:30",
-                                                          "seats": 2, "terrace": True}})
+        calls.append(
+            {
+                "name": "book_table",
+                "arguments": {"city": city or "Paris", "when": "tomorrow 12:30", "seats": 2, "terrace": True},
+            }
+        )
     if calls:
-        reasoning = (f"The user asks about {city or 'a booking'}. I will call "
-                     + ", ".join(c["name"] for c in calls) + " and answer from their results.")
-        return {"content": None, "reasoning": reasoning,
-                "tool_calls": [{"id": f"call_{turn_no}_{i}", "name": c["name"],
-                                "arguments": json.dumps(c["arguments"])} for i, c in enumerate(calls)],
-                "usage": (prompt_tokens, 12 * len(calls))}
+        reasoning = (
+            f"The user asks about {city or 'a booking'}. I will call "
+            + ", ".join(c["name"] for c in calls)
+            + " and answer from their results."
+        )
+        return {
+            "content": None,
+            "reasoning": reasoning,
+            "tool_calls": [
+                {"id": f"call_{turn_no}_{i}", "name": c["name"], "arguments": json.dumps(c["arguments"])}
+                for i, c in enumerate(calls)
+            ],
+            "usage": (prompt_tokens, 12 * len(calls)),
+        }
     if _WEATHER.search(query):
         text = "I can look up the weather when you name a city, for example: What is the weather in Paris?"
     else:
@@ -107,12 +123,14 @@ def register_demo_provider(litellm: Any) -> None:
     def fill(model: str, messages: list[dict[str, Any]], optional_params: dict[str, Any], model_response: Any) -> Any:
         reply = demo_reply(messages, optional_params.get("tools"))
         tool_calls = [
-            ChatCompletionMessageToolCall(id=c["id"], type="function",
-                                          function=Function(name=c["name"], arguments=c["arguments"]))
+            ChatCompletionMessageToolCall(
+                id=c["id"], type="function", function=Function(name=c["name"], arguments=c["arguments"])
+            )
             for c in reply["tool_calls"]
         ] or None
-        msg = Message(content=reply["content"], role="assistant", tool_calls=tool_calls,
-                      reasoning_content=reply["reasoning"])
+        msg = Message(
+            content=reply["content"], role="assistant", tool_calls=tool_calls, reasoning_content=reply["reasoning"]
+        )
         model_response.choices = [Choices(index=0, message=msg, finish_reason="tool_calls" if tool_calls else "stop")]
         p, c = reply["usage"]
         model_response.usage = Usage(prompt_tokens=p, completion_tokens=c, total_tokens=p + c)
@@ -120,15 +138,38 @@ def register_demo_provider(litellm: Any) -> None:
         return model_response
 
     class DemoLLM(CustomLLM):  # type: ignore[misc]
-        def completion(self, model: str, messages: list[dict[str, Any]], api_base: str, custom_prompt_dict: Any,
-                       model_response: Any, print_verbose: Any, encoding: Any, api_key: Any, logging_obj: Any,
-                       optional_params: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        def completion(
+            self,
+            model: str,
+            messages: list[dict[str, Any]],
+            api_base: str,
+            custom_prompt_dict: Any,
+            model_response: Any,
+            print_verbose: Any,
+            encoding: Any,
+            api_key: Any,
+            logging_obj: Any,
+            optional_params: dict[str, Any],
+            *args: Any,
+            **kwargs: Any,
+        ) -> Any:
             return fill(model, messages, optional_params, model_response)
 
-        async def acompletion(self, model: str, messages: list[dict[str, Any]], api_base: str,
-                              custom_prompt_dict: Any, model_response: Any, print_verbose: Any, encoding: Any,
-                              api_key: Any, logging_obj: Any, optional_params: dict[str, Any], *args: Any,
-                              **kwargs: Any) -> Any:
+        async def acompletion(
+            self,
+            model: str,
+            messages: list[dict[str, Any]],
+            api_base: str,
+            custom_prompt_dict: Any,
+            model_response: Any,
+            print_verbose: Any,
+            encoding: Any,
+            api_key: Any,
+            logging_obj: Any,
+            optional_params: dict[str, Any],
+            *args: Any,
+            **kwargs: Any,
+        ) -> Any:
             return fill(model, messages, optional_params, model_response)
 
     litellm.custom_provider_map = [*litellm.custom_provider_map, {"provider": PROVIDER, "custom_handler": DemoLLM()}]

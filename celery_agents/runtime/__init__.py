@@ -7,4 +7,13 @@ from celery_agents.runtime.calls import CallRun, run_call
 from celery_agents.runtime.ports import JournaledLlm, JournaledTools, SecureIds, SystemClock
 from celery_agents.runtime.step import StepResult, run_step
 
-__all__ = ["CallRun", "JournaledLlm", "JournaledTools", "SecureIds", "StepResult", "SystemClock", "run_call", "run_step"]
+__all__ = [
+    "CallRun",
+    "JournaledLlm",
+    "JournaledTools",
+    "SecureIds",
+    "StepResult",
+    "SystemClock",
+    "run_call",
+    "run_step",
+]

@@ -43,11 +43,20 @@ def run_call(store: Store, session_id: str, field: str, tools: ToolPort, owner: 
         meta = dict(outcome.meta)
         if outcome.media:
             meta["media"] = [m.model_dump() for m in outcome.media]
-        body = outcome_json(state, result=outcome.result, error=outcome.error, now=time.time(),
-                            duration_ms=outcome.duration_ms, exit_status=outcome.exit_status,
-                            attempts=outcome.attempts, meta=meta or None, started_at=started)
-        finished = store.record_result(session_id, field, body,
-                                       {"call_id": call.call_id, "tool": call.tool, "state": state.value})
+        body = outcome_json(
+            state,
+            result=outcome.result,
+            error=outcome.error,
+            now=time.time(),
+            duration_ms=outcome.duration_ms,
+            exit_status=outcome.exit_status,
+            attempts=outcome.attempts,
+            meta=meta or None,
+            started_at=started,
+        )
+        finished = store.record_result(
+            session_id, field, body, {"call_id": call.call_id, "tool": call.tool, "state": state.value}
+        )
         return CallRun(status=finished.status, finished=finished, call=call)
     finally:
         if store.client.get(lease_key) == owner:

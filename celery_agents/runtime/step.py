@@ -6,13 +6,14 @@ the commit (tool tasks, the next step) is returned to the caller.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass, field
 
 import redis
 
 from celery_agents.errors import RedisUnavailable
-from celery_agents.model import ErrorInfo, SessionHeader, State, Status, TrackedCall
+from celery_agents.model import ErrorInfo, SessionHeader, State, TrackedCall
 from celery_agents.runtime.lease import LeaseKeeper
 from celery_agents.runtime.ports import JournaledLlm, JournaledTools, SecureIds, SystemClock
 from celery_agents.scheduler import Ports, Snapshot, advance
@@ -35,8 +36,18 @@ class StepResult:
     llm_reused: bool = False
 
 
-def run_step(store: Store, session_id: str, version: int, *, llm: LlmPort, tools: ToolPort, owner: str,
-             request: str = "", clock: Clock | None = None, ids: Ids | None = None) -> StepResult:
+def run_step(
+    store: Store,
+    session_id: str,
+    version: int,
+    *,
+    llm: LlmPort,
+    tools: ToolPort,
+    owner: str,
+    request: str = "",
+    clock: Clock | None = None,
+    ids: Ids | None = None,
+) -> StepResult:
     status, loaded = store.begin_step(session_id, version, owner, request)
     if status != "ok":
         assert isinstance(loaded, str)
@@ -47,8 +58,12 @@ def run_step(store: Store, session_id: str, version: int, *, llm: LlmPort, tools
         with LeaseKeeper(store, session_id, owner):
             agent = store.agent(header.agent_hash)
             journaled_llm = JournaledLlm(store, loaded.journal, llm)
-            ports = Ports(llm=journaled_llm, tools=JournaledTools(store, loaded.journal, tools),
-                          clock=clock or SystemClock(), ids=ids or SecureIds())
+            ports = Ports(
+                llm=journaled_llm,
+                tools=JournaledTools(store, loaded.journal, tools),
+                clock=clock or SystemClock(),
+                ids=ids or SecureIds(),
+            )
             snap = Snapshot(header=header, agent=agent, turns=loaded.turns, calls=loaded.calls)
             t = advance(snap, ports)
     except (RedisUnavailable, redis.ConnectionError, redis.TimeoutError):
@@ -57,29 +72,46 @@ def run_step(store: Store, session_id: str, version: int, *, llm: LlmPort, tools
         raise
     except Exception as exc:
         log.exception("step of session %s at version %s failed", session_id, version)
-        store.fail_step(session_id, version, ErrorInfo(code="internal_error", message=f"{type(exc).__name__}: {exc}"),
-                        owner)
+        store.fail_step(
+            session_id, version, ErrorInfo(code="internal_error", message=f"{type(exc).__name__}: {exc}"), owner
+        )
         return StepResult(outcome="failed", version=version + 1, state=State.FAILED)
     if not t.commit:
         store.end_step(session_id, owner, request, t.kind)
         return StepResult(outcome="waiting" if t.kind == "wait" else "noop", version=version, state=t.state)
-    res, new_version = store.commit(
-        session_id, header, owner, kind=t.kind, new_turns=t.new_turns, calls=t.calls, head=t.head, state=t.state,
-        status=t.status, response=t.response, error=t.error, usage=t.usage,
-        events=[(e.type, e.data) for e in t.events], steps_inc=1 if t.counts_as_step else 0, request=request)
+    res, new_version, owed = store.commit(
+        session_id,
+        header,
+        owner,
+        kind=t.kind,
+        new_turns=t.new_turns,
+        calls=t.calls,
+        head=t.head,
+        state=t.state,
+        status=t.status,
+        response=t.response,
+        error=t.error,
+        usage=t.usage,
+        events=[(e.type, e.data) for e in t.events],
+        steps_inc=1 if t.counts_as_step else 0,
+        request=request,
+    )
     if res != "ok":
         log.info("step of session %s at version %s not committed: %s", session_id, version, res)
         return StepResult(outcome="lost" if res == "lost_lease" else res, version=version)
-    owed = header.drive == "auto" and t.status == Status.ACTIVE and t.state in (State.READY, State.TOOLS)
-    return StepResult(outcome="committed", version=new_version, state=t.state, dispatch=t.dispatch, owed=owed,
-                      llm_reused=journaled_llm.reused)
+    return StepResult(
+        outcome="committed",
+        version=new_version,
+        state=t.state,
+        dispatch=t.dispatch,
+        owed=owed,
+        llm_reused=journaled_llm.reused,
+    )
 
 
 def _safe_end(store: Store, session_id: str, owner: str, request: str, reason: str, keep_owed: bool) -> None:
-    try:
+    with contextlib.suppress(Exception):
         store.end_step(session_id, owner, request, reason, keep_owed=keep_owed)
-    except Exception:
-        pass
 
 
 def header_of(store: Store, session_id: str) -> SessionHeader:

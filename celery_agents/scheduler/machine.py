@@ -88,8 +88,14 @@ def advance(snap: Snapshot, ports: Ports) -> Transition:
         last = snap.turns[-1]
         assert isinstance(last, LlmTurn), "head LlmTurn but the newest stored turn is not one"
         if not last.tool_calls:
-            return Transition(kind="noop", commit=False, head="LlmTurn", state=State.COMPLETED,
-                              status=Status.COMPLETED, response=last.text)
+            return Transition(
+                kind="noop",
+                commit=False,
+                head="LlmTurn",
+                state=State.COMPLETED,
+                status=Status.COMPLETED,
+                response=last.text,
+            )
         return _run_tools(snap, last, ports)
     if h.head == "PartialUserTurn":
         unfinished = [c for c in snap.calls if not c.state.final]
@@ -116,14 +122,24 @@ def response_for(call: TrackedCall) -> ToolResponse:
             text += f" (It was waiting for: {call.reason}.)"
         return ToolResponse(call_id=call.call_id, tool=call.tool, content=text, is_error=True)
     if call.state == CallState.CANCELLED:
-        return ToolResponse(call_id=call.call_id, tool=call.tool,
-                            content="The call was cancelled before it finished.", is_error=True)
+        return ToolResponse(
+            call_id=call.call_id, tool=call.tool, content="The call was cancelled before it finished.", is_error=True
+        )
     return ToolResponse(call_id=call.call_id, tool=call.tool, content=call.error or "the tool failed", is_error=True)
 
 
-def _fail(kind: str, error: ErrorInfo, head: str | None, new_turns: list[UserTurn | LlmTurn] | None = None) -> Transition:
-    return Transition(kind=kind, new_turns=new_turns or [], head=head, state=State.FAILED, status=Status.FAILED,
-                      error=error, events=[Event("failed", {"code": error.code, "message": error.message})])
+def _fail(
+    kind: str, error: ErrorInfo, head: str | None, new_turns: list[UserTurn | LlmTurn] | None = None
+) -> Transition:
+    return Transition(
+        kind=kind,
+        new_turns=new_turns or [],
+        head=head,
+        state=State.FAILED,
+        status=Status.FAILED,
+        error=error,
+        events=[Event("failed", {"code": error.code, "message": error.message})],
+    )
 
 
 def _call_model(snap: Snapshot, ports: Ports, folded: UserTurn | None) -> Transition:
@@ -131,9 +147,13 @@ def _call_model(snap: Snapshot, ports: Ports, folded: UserTurn | None) -> Transi
     prefix: list[UserTurn | LlmTurn] = [folded] if folded is not None else []
     head_before = "UserTurn" if folded is not None else h.head
     if h.steps >= h.step_limit:
-        err = ErrorInfo(code="max_steps", message=(
-            f"the session reached its step limit ({h.step_limit} steps, maxSteps of the agent file); "
-            "`session resume` grants another maxSteps steps"))
+        err = ErrorInfo(
+            code="max_steps",
+            message=(
+                f"the session reached its step limit ({h.step_limit} steps, maxSteps of the agent file); "
+                "`session resume` grants another maxSteps steps"
+            ),
+        )
         return _fail("llm", err, head_before, prefix)
     turns = [*snap.turns, *prefix]
     request = LlmRequest(
@@ -148,14 +168,28 @@ def _call_model(snap: Snapshot, ports: Ports, folded: UserTurn | None) -> Transi
     except LlmFailure as exc:
         return _fail("llm", ErrorInfo(code=exc.code, message=exc.message, transient=exc.transient), head_before, prefix)
     turn = _normalise_call_ids(turn, ports)
-    event = Event("llm_called", {"model": turn.model, "tool_calls": len(turn.tool_calls),
-                                 "usage": turn.usage.model_dump(exclude_defaults=True)})
+    event = Event(
+        "llm_called",
+        {
+            "model": turn.model,
+            "tool_calls": len(turn.tool_calls),
+            "usage": turn.usage.model_dump(exclude_defaults=True),
+        },
+    )
     if not turn.tool_calls:
-        return Transition(kind="llm", new_turns=[*prefix, turn], head="LlmTurn", state=State.COMPLETED,
-                          status=Status.COMPLETED, response=turn.text or "", usage=turn.usage,
-                          events=[event, Event("completed", {})])
-    return Transition(kind="llm", new_turns=[*prefix, turn], head="LlmTurn", state=State.TOOLS,
-                      usage=turn.usage, events=[event])
+        return Transition(
+            kind="llm",
+            new_turns=[*prefix, turn],
+            head="LlmTurn",
+            state=State.COMPLETED,
+            status=Status.COMPLETED,
+            response=turn.text or "",
+            usage=turn.usage,
+            events=[event, Event("completed", {})],
+        )
+    return Transition(
+        kind="llm", new_turns=[*prefix, turn], head="LlmTurn", state=State.TOOLS, usage=turn.usage, events=[event]
+    )
 
 
 def _normalise_call_ids(turn: LlmTurn, ports: Ports) -> LlmTurn:
@@ -195,25 +229,46 @@ def _run_tools(snap: Snapshot, turn: LlmTurn, ports: Ports) -> Transition:
     for position, tc in enumerate(turn.tool_calls):
         disp = disposition_for(agent, tc.name)
         args, arg_error = _parse_arguments(tc.arguments)
-        call = TrackedCall(call_id=tc.id, tool=tc.name, arguments=args, raw_arguments=tc.arguments, batch=batch,
-                           position=position, disposition=disp.tag, reason=disp.reason, created_at=now)
+        call = TrackedCall(
+            call_id=tc.id,
+            tool=tc.name,
+            arguments=args,
+            raw_arguments=tc.arguments,
+            batch=batch,
+            position=position,
+            disposition=disp.tag,
+            reason=disp.reason,
+            created_at=now,
+        )
         tool = agent.tool(tc.name)
         if tool is None:
             names = ", ".join(t.name for t in agent.tools) or "none"
-            call = _finish(call, CallOutcome(state="failed", attempts=0,
-                                             error=f"there is no tool named {tc.name!r}; the tools are: {names}"), now)
+            call = _finish(
+                call,
+                CallOutcome(
+                    state="failed", attempts=0, error=f"there is no tool named {tc.name!r}; the tools are: {names}"
+                ),
+                now,
+            )
         elif arg_error is not None:
             call = _finish(call, CallOutcome(state="failed", attempts=0, error=arg_error), now)
         elif disp.tag == "defer":
             timeout = disp.timeout_seconds or agent.defer_timeout_seconds
-            call = call.model_copy(update={"state": CallState.DEFERRED, "token": ports.ids.token(h.session_id),
-                                           "expires_at": now + timeout})
-            events.append(Event("token_created", {"call_id": call.call_id, "tool": call.tool,
-                                                  "reason": call.reason or ""}))
+            call = call.model_copy(
+                update={
+                    "state": CallState.DEFERRED,
+                    "token": ports.ids.token(h.session_id),
+                    "expires_at": now + timeout,
+                }
+            )
+            events.append(
+                Event("token_created", {"call_id": call.call_id, "tool": call.tool, "reason": call.reason or ""})
+            )
         elif disp.tag in ("runAsync", "runIsolated"):
             call = call.model_copy(update={"state": CallState.RUNNING})
-            events.append(Event("tool_dispatched", {"call_id": call.call_id, "tool": call.tool,
-                                                    "disposition": disp.tag}))
+            events.append(
+                Event("tool_dispatched", {"call_id": call.call_id, "tool": call.tool, "disposition": disp.tag})
+            )
         calls.append(call)
     # runSync calls run inline, in the model's call order.
     for i, call in enumerate(calls):
@@ -221,14 +276,22 @@ def _run_tools(snap: Snapshot, turn: LlmTurn, ports: Ports) -> Transition:
             started = ports.clock.now()
             outcome = ports.tools.run(agent, h.session_id, call.model_copy(update={"started_at": started}))
             calls[i] = _finish(call.model_copy(update={"started_at": started}), outcome, ports.clock.now())
-            events.append(Event("tool_finished", {"call_id": call.call_id, "tool": call.tool,
-                                                  "state": calls[i].state.value}))
+            events.append(
+                Event("tool_finished", {"call_id": call.call_id, "tool": call.tool, "state": calls[i].state.value})
+            )
     dispatch = [c for c in calls if c.state == CallState.RUNNING]
     if all(c.state.final for c in calls):
-        return Transition(kind="tools", new_turns=[responses_turn(calls, ports.clock.now())], calls=calls,
-                          head="UserTurn", state=State.READY, events=events)
-    return Transition(kind="tools", calls=calls, dispatch=dispatch, head="PartialUserTurn", state=State.WAITING,
-                      events=events)
+        return Transition(
+            kind="tools",
+            new_turns=[responses_turn(calls, ports.clock.now())],
+            calls=calls,
+            head="UserTurn",
+            state=State.READY,
+            events=events,
+        )
+    return Transition(
+        kind="tools", calls=calls, dispatch=dispatch, head="PartialUserTurn", state=State.WAITING, events=events
+    )
 
 
 def _finish(call: TrackedCall, outcome: CallOutcome, now: float) -> TrackedCall:
@@ -237,13 +300,15 @@ def _finish(call: TrackedCall, outcome: CallOutcome, now: float) -> TrackedCall:
     meta.update(outcome.meta)
     if outcome.media:
         meta["media"] = [m.model_dump() for m in outcome.media]
-    return call.model_copy(update={
-        "state": state,
-        "result": outcome.result if state == CallState.COMPLETED else None,
-        "error": outcome.error if state == CallState.FAILED else None,
-        "finished_at": now,
-        "duration_ms": outcome.duration_ms,
-        "exit_status": outcome.exit_status,
-        "attempts": outcome.attempts,
-        "meta": meta,
-    })
+    return call.model_copy(
+        update={
+            "state": state,
+            "result": outcome.result if state == CallState.COMPLETED else None,
+            "error": outcome.error if state == CallState.FAILED else None,
+            "finished_at": now,
+            "duration_ms": outcome.duration_ms,
+            "exit_status": outcome.exit_status,
+            "attempts": outcome.attempts,
+            "meta": meta,
+        }
+    )

@@ -88,7 +88,9 @@ def build_messages(agent: AgentSpec, turns: list[UserTurn | LlmTurn]) -> list[di
         pending_calls, pending_names = [], {}
         if media_parts:
             # Tool messages carry text only on most providers: images a tool returned follow as a user part.
-            messages.append({"role": "user", "content": [{"type": "text", "text": "Images returned by the tools:"}, *media_parts]})
+            messages.append(
+                {"role": "user", "content": [{"type": "text", "text": "Images returned by the tools:"}, *media_parts]}
+            )
         if turn.query is not None:
             messages.append(_query_message(turn.query))
     return messages
@@ -96,6 +98,10 @@ def build_messages(agent: AgentSpec, turns: list[UserTurn | LlmTurn]) -> list[di
 
 def _missing_answers(call_ids: list[str], names: dict[str, str]) -> list[dict[str, Any]]:
     return [
-        {"role": "tool", "tool_call_id": cid, "content": f"Error: no result was recorded for {names.get(cid, 'this call')}."}
+        {
+            "role": "tool",
+            "tool_call_id": cid,
+            "content": f"Error: no result was recorded for {names.get(cid, 'this call')}.",
+        }
         for cid in call_ids
     ]

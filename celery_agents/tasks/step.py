@@ -21,12 +21,18 @@ def publish_after_step(dispatcher: Dispatcher, session_id: str, result: StepResu
         dispatcher.step(session_id, result.version)
 
 
-@app.task(name=STEP_TASK, bind=True, ignore_result=True, soft_time_limit=settings.step_time_limit * 0.9,
-          time_limit=settings.step_time_limit)
+@app.task(
+    name=STEP_TASK,
+    bind=True,
+    ignore_result=True,
+    soft_time_limit=settings.step_time_limit * 0.9,
+    time_limit=settings.step_time_limit,
+)
 def step(self: Any, session_id: str, expected_version: int, request: str = "") -> str:
     ctx = worker_context(settings)
     owner = f"{self.request.hostname or 'worker'}:{os.getpid()}:{self.request.id}"
-    result = run_step(ctx.store, session_id, int(expected_version), llm=ctx.llm, tools=ctx.tools, owner=owner,
-                      request=request or "")
+    result = run_step(
+        ctx.store, session_id, int(expected_version), llm=ctx.llm, tools=ctx.tools, owner=owner, request=request or ""
+    )
     publish_after_step(Dispatcher(app), session_id, result)
     return result.outcome

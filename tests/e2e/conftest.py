@@ -27,16 +27,35 @@ def module_prefix() -> str:
 
 @pytest.fixture(scope="module")
 def module_settings(redis_url: str, module_prefix: str, tmp_path_factory: pytest.TempPathFactory) -> Settings:
-    return Settings(redis_url=redis_url, prefix=module_prefix, home=tmp_path_factory.mktemp("home"),
-                    sweep_interval=0.2, owed_grace=2.0)
+    return Settings(
+        redis_url=redis_url,
+        prefix=module_prefix,
+        home=tmp_path_factory.mktemp("home"),
+        sweep_interval=0.2,
+        owed_grace=2.0,
+    )
 
 
-def start_workers(redis_url: str, prefix: str, logdir: Path, count: int = 1, concurrency: int = 2,
-                  queues: str = "steps,tools,isolated", **env: str) -> list[Worker]:
+def start_workers(
+    redis_url: str,
+    prefix: str,
+    logdir: Path,
+    count: int = 1,
+    concurrency: int = 2,
+    queues: str = "steps,tools,isolated",
+    **env: str,
+) -> list[Worker]:
     client = redis.Redis.from_url(redis_url, decode_responses=True)
-    workers = [Worker(worker_env(redis_url, prefix, **env), queues=queues, concurrency=concurrency,
-                      log=logdir / f"worker{i}.log", name=f"w{i}-{uuid.uuid4().hex[:6]}@test").start()
-               for i in range(count)]
+    workers = [
+        Worker(
+            worker_env(redis_url, prefix, **env),
+            queues=queues,
+            concurrency=concurrency,
+            log=logdir / f"worker{i}.log",
+            name=f"w{i}-{uuid.uuid4().hex[:6]}@test",
+        ).start()
+        for i in range(count)
+    ]
     try:
         for w in workers:
             w.wait_ready(client, prefix)
@@ -48,9 +67,13 @@ def start_workers(redis_url: str, prefix: str, logdir: Path, count: int = 1, con
 
 
 def record_tool(name: str, log: Path, **extra: Any) -> dict[str, Any]:
-    return {"name": name, "description": f"records its runs ({name})",
-            "parameters": {"type": "object", "properties": {"x": {"type": "integer"}, "sleep": {"type": "number"}}},
-            "command": [sys.executable, str(RECORD), str(log), name], **extra}
+    return {
+        "name": name,
+        "description": f"records its runs ({name})",
+        "parameters": {"type": "object", "properties": {"x": {"type": "integer"}, "sleep": {"type": "number"}}},
+        "command": [sys.executable, str(RECORD), str(log), name],
+        **extra,
+    }
 
 
 def runs(log: Path, tool: str | None = None, phase: str = "end") -> list[dict[str, Any]]:

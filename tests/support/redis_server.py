@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -19,8 +20,9 @@ def free_port() -> int:
 
 
 class RedisServer:
-    def __init__(self, directory: Path, *, appendonly: bool = False, appendfsync: str = "everysec",
-                 port: int | None = None) -> None:
+    def __init__(
+        self, directory: Path, *, appendonly: bool = False, appendfsync: str = "everysec", port: int | None = None
+    ) -> None:
         self.dir = Path(directory)
         self.port = port or free_port()
         self.appendonly = appendonly
@@ -34,9 +36,25 @@ class RedisServer:
     def start(self) -> RedisServer:
         binary = shutil.which("redis-server") or "/usr/bin/redis-server"
         self.dir.mkdir(parents=True, exist_ok=True)
-        args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--dir", str(self.dir),
-                "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", self.appendfsync,
-                "--maxmemory-policy", "noeviction", "--logfile", str(self.dir / "redis.log")]
+        args = [
+            binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--dir",
+            str(self.dir),
+            "--appendonly",
+            "yes" if self.appendonly else "no",
+            "--appendfsync",
+            self.appendfsync,
+            "--maxmemory-policy",
+            "noeviction",
+            "--logfile",
+            str(self.dir / "redis.log"),
+        ]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
         deadline = time.monotonic() + 10
@@ -55,10 +73,8 @@ class RedisServer:
         if kill:
             self.proc.kill()
         else:
-            try:
+            with contextlib.suppress(redis.ConnectionError):
                 redis.Redis(port=self.port).shutdown(nosave=not self.appendonly)
-            except redis.ConnectionError:
-                pass
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:

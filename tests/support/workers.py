@@ -36,19 +36,36 @@ def worker_env(redis_url: str | None, prefix: str, home: Path | None = None, **e
 class Worker:
     """One worker process group; `wait_ready` waits for its heartbeat in Redis."""
 
-    def __init__(self, env: dict[str, str], queues: str = "steps,tools,isolated", concurrency: int = 2,
-                 log: Path | None = None, name: str | None = None) -> None:
+    def __init__(
+        self,
+        env: dict[str, str],
+        queues: str = "steps,tools,isolated",
+        concurrency: int = 2,
+        log: Path | None = None,
+        name: str | None = None,
+    ) -> None:
         self.env = env
         self.name = name or f"w{os.getpid()}-{time.monotonic_ns()}@test"
-        self.args = [sys.executable, "-m", "celery_agents.cli.main", "worker", "--queues", queues,
-                     "--concurrency", str(concurrency), "--name", self.name]
+        self.args = [
+            sys.executable,
+            "-m",
+            "celery_agents.cli.main",
+            "worker",
+            "--queues",
+            queues,
+            "--concurrency",
+            str(concurrency),
+            "--name",
+            self.name,
+        ]
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Worker:
-        out = open(self.log, "ab") if self.log else subprocess.DEVNULL
-        self.proc = subprocess.Popen(self.args, env=self.env, stdout=out, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115 - held by the child
+        self.proc = subprocess.Popen(
+            self.args, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
         return self
 
     def wait_ready(self, client: redis.Redis, prefix: str, timeout: float = 60) -> Worker:

@@ -1,7 +1,8 @@
 -- Commit one step atomically: version check, new turns, calls, tokens, header, indexes, events,
 -- and the outbox entry when another step is owed.
 -- ARGV[4] = expected version, ARGV[5] = lease owner, ARGV[6] = control JSON:
---   {n_turns, n_calls, head, state, status, response, error, usage, steps_inc, owe, batch, batch_size,
+--   {n_turns, n_calls, head, state, status, response, error, usage, steps_inc, batch, batch_size,
+--    owe (a step is owed next if the session is auto-driven at commit time),
 --    pending = [[field, created_ms]], tokens = [[field, expires_ms, call_id, tool, digest, reason]],
 --    events = [[kind, data]], request}
 -- ARGV[7..] = n_turns turn JSONs, then n_calls pairs (field, call JSON).
@@ -43,5 +44,12 @@ emit('step_committed', cjson.encode({from_version = tonumber(ARGV[4]), request =
   kind = c.kind, head = c.head, state = c.state}))
 redis.call('DEL', K.journal)
 redis.call('DEL', K.lease)
-if c.owe then owe() else unowe() end
-return {'ok', version}
+-- The drive is read now, not when the step began: a pause during the step must hold.
+local owed = 0
+if c.owe and redis.call('HGET', K.meta, 'drive') == 'auto' then
+  owe()
+  owed = 1
+else
+  unowe()
+end
+return {'ok', version, owed}

@@ -11,8 +11,10 @@ log, name = sys.argv[1], sys.argv[2]
 args = json.load(sys.stdin)
 delay = float(args.get("sleep", 0))
 with open(log, "a") as f:
-    f.write(json.dumps({"tool": name, "key": os.environ.get("AGENTS_IDEMPOTENCY_KEY"), "args": args,
-                        "phase": "start"}) + "\n")
+    f.write(
+        json.dumps({"tool": name, "key": os.environ.get("AGENTS_IDEMPOTENCY_KEY"), "args": args, "phase": "start"})
+        + "\n"
+    )
 if delay:
     time.sleep(delay)
 with open(log, "a") as f:

@@ -1,0 +1,140 @@
+"""Completing deferred calls: from the CLI or the API, and from the `completions` stream that other
+systems write to with nothing but a Redis client:
+
+    XADD agents:completions * token <TOKEN> result <JSON-or-text> [error <message>] [by <name>]
+
+Workers read that stream through a consumer group: an entry is applied with the same atomic script
+as the CLI, then acknowledged and deleted; entries a dead worker had read are claimed by another
+after `claim_idle` seconds. Entries that change nothing are recorded in `completions:rejected`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from celery_agents.errors import AgentsError, InvalidResult, TokenExpired
+from celery_agents.model import CompletionOutcome
+from celery_agents.store import Store, completion_json
+
+log = logging.getLogger("celery_agents.completions")
+
+GROUP = "celery-agents"
+Wake = Callable[[str, int], None]
+
+
+def parse_result_text(raw: str) -> Any:
+    """JSON text is the result as that JSON value; any other text is the result as stripped text."""
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw.strip()
+
+
+def complete(
+    store: Store,
+    token: str,
+    result: Any,
+    *,
+    is_error: bool = False,
+    by: str | None = None,
+    wake: Wake | None = None,
+    now: float | None = None,
+) -> CompletionOutcome:
+    """Complete a deferred call; wakes the session through `wake(session_id, version)` when its last
+    unfinished call is done and it is auto-driven. Raises the token's conflict otherwise."""
+    if result is None or (isinstance(result, str) and not result.strip()):
+        raise InvalidResult("the result is empty: give the tool's result as JSON or text")
+    now = time.time() if now is None else now
+    outcome = completion_json(result, is_error=is_error, by=by, now=now)
+    try:
+        done, version = store.complete_token(
+            token, outcome, by=by or "", event={"by": by or "", "error": is_error}, now=now
+        )
+    except TokenExpired as exc:
+        if wake is not None and "wake_version" in exc.details:
+            wake(token.partition(".")[0], int(exc.details["wake_version"]))
+        raise
+    if done.woken and wake is not None:
+        wake(done.session_id, version)
+    return done
+
+
+class CompletionConsumer:
+    """Applies the entries of the `completions` stream, exactly once each in effect."""
+
+    def __init__(
+        self, store: Store, name: str, wake: Wake | None = None, claim_idle: float = 30.0, batch: int = 100
+    ) -> None:
+        self.store, self.name, self.wake = store, name, wake
+        self.claim_idle_ms = int(claim_idle * 1000)
+        self.batch = batch
+        self._group_ready = False
+        self._last_claim = 0.0
+
+    def _ensure_group(self) -> None:
+        if self._group_ready:
+            return
+        try:
+            self.store.client.xgroup_create(self.store.keys.completions, GROUP, id="0", mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        self._group_ready = True
+
+    def poll(self, block_ms: int | None = None) -> int:
+        """Apply what is waiting (claiming entries idle too long first); returns how many."""
+        self._ensure_group()
+        client, key = self.store.client, self.store.keys.completions
+        entries: list[tuple[str, dict[str, str]]] = []
+        now = time.monotonic()
+        if now - self._last_claim >= self.claim_idle_ms / 3000:
+            self._last_claim = now
+            claimed = client.xautoclaim(key, GROUP, self.name, self.claim_idle_ms, "0-0", count=self.batch)
+            entries.extend(e for e in claimed[1] if e and e[1])
+        try:
+            res = client.xreadgroup(GROUP, self.name, {key: ">"}, count=self.batch, block=block_ms)
+        except redis.ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            self._group_ready = False
+            return 0
+        for _stream, items in res or []:
+            entries.extend(items)
+        for eid, fields in entries:
+            self.apply(eid, fields)
+        return len(entries)
+
+    def apply(self, entry_id: str, fields: dict[str, str]) -> CompletionOutcome | None:
+        """Apply one entry; acknowledged once applied or rejected. A Redis failure leaves it pending
+        in the group, to be claimed again."""
+        store = self.store
+        token = (fields.get("token") or "").strip()
+        by = fields.get("by") or ""
+        try:
+            if not token:
+                raise InvalidResult("the entry has no token field")
+            error = fields.get("error")
+            if error:
+                result: Any = error
+            elif fields.get("result") is None:
+                raise InvalidResult("the entry has no result field")
+            else:
+                result = parse_result_text(fields["result"])
+            done: CompletionOutcome | None = complete(
+                store, token, result, is_error=bool(error), by=by or None, wake=self.wake
+            )
+        except AgentsError as exc:
+            store.record_rejection(token, exc.code, exc.message, by=by, entry=entry_id)
+            log.info("completion %s rejected: %s", entry_id, exc.message)
+            done = None
+        pipe = store.client.pipeline(transaction=False)
+        pipe.xack(store.keys.completions, GROUP, entry_id)
+        pipe.xdel(store.keys.completions, entry_id)
+        pipe.execute()
+        return done
