@@ -18,7 +18,7 @@ TOOLS: list[dict[str, Any]] = [
         "command": ["python3", "tools/weather.py"],
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
     },
-    {"name": "lookup", "python": "mypkg.tools:lookup"},
+    {"name": "lookup", "python": "mypkg.tools:lookup", "parameters": {"type": "object", "properties": {}}},
     {"name": "approve_payment", "external": True},
 ]
 
@@ -217,16 +217,18 @@ def test_errors_in_the_alias_spelling_name_the_field_as_written(write: Any) -> N
 
 
 def test_a_tool_with_two_kinds_is_refused(write: Any) -> None:
-    message = refusal(write(agent(tools=[{"name": "t", "command": ["echo"], "python": "a.b:c"}])))
+    message = refusal(
+        write(agent(tools=[{"name": "t", "command": ["echo"], "python": "a.b:c", "parameters": {}}]))
+    )
     assert "tools[0]" in message
-    assert "exactly one of command, python or external" in message
+    assert "needs exactly one of command, python" in message
     assert "found command, python" in message
 
 
 def test_a_tool_with_no_kind_is_refused(write: Any) -> None:
     message = refusal(write(agent(tools=[{"name": "t"}])))
     assert "tools[0]" in message
-    assert "exactly one of command, python or external" in message
+    assert "needs exactly one of command, python" in message
     assert "found none" in message
 
 
@@ -262,7 +264,11 @@ def test_a_bad_execution_mode_names_the_allowed_values(write: Any) -> None:
         ({"maxSteps": 0}, "maxSteps", "give a larger number"),
         ({"maxSteps": "many"}, "maxSteps", "give a whole number"),
         ({"tools": [{"name": "t", "command": []}]}, "tools[0].command", "non-empty list"),
-        ({"tools": [{"name": "t", "python": "no_colon"}]}, "tools[0].python", "package.module:function"),
+        (
+            {"tools": [{"name": "t", "python": "no_colon", "parameters": {}}]},
+            "tools[0].python",
+            "package.module:function",
+        ),
         ({"slug": "has space"}, "slug", "1-64 letters"),
         ({"model": "  "}, "model", "name the model"),
     ],
@@ -327,7 +333,7 @@ def test_agent_spec_round_trips_through_its_json() -> None:
 
 def test_content_hash_changes_with_the_content() -> None:
     spec = full_agent()
-    other = parse_agent({**json.loads(spec.to_json()), "maxSteps": 4})
+    other = AgentSpec.from_json(json.dumps({**json.loads(spec.to_json()), "maxSteps": 4}))
     assert other.content_hash() != spec.content_hash()
 
 

@@ -101,6 +101,9 @@ def ports(
     )
 
 
+EMPTY: dict[str, Any] = {"type": "object", "properties": {}}
+
+
 def make_agent(policy: dict[str, Any] | None = None, **extra: Any) -> AgentSpec:
     """An agent with one tool of each kind and a policy that gives each disposition a tool."""
     data: dict[str, Any] = {
@@ -109,10 +112,10 @@ def make_agent(policy: dict[str, Any] | None = None, **extra: Any) -> AgentSpec:
         "systemPrompt": "You are a test.",
         "tools": [
             {"name": "sync_a", "command": ["echo"]},
-            {"name": "sync_b", "python": "tests.x:y"},
-            {"name": "async_t", "python": "tests.x:y"},
+            {"name": "sync_b", "python": "tests.x:y", "parameters": EMPTY},
+            {"name": "async_t", "python": "tests.x:y", "parameters": EMPTY},
             {"name": "isolated_t", "command": ["echo"]},
-            {"name": "defer_t", "python": "tests.x:y"},
+            {"name": "defer_t", "python": "tests.x:y", "parameters": EMPTY},
             {"name": "external_t", "external": True},
         ],
         "toolCallPolicy": policy

@@ -15,7 +15,9 @@ def agent(policy: dict[str, Any] | None, **extra: Any) -> Any:
 
 
 def test_no_policy_runs_every_implemented_tool_inline() -> None:
-    a = parse_agent({"slug": "a", "model": "m", "tools": [{"name": "async_t", "python": "x.y:z"}]})
+    a = parse_agent(
+        {"slug": "a", "model": "m", "tools": [{"name": "async_t", "python": "x.y:z", "parameters": {}}]}
+    )
     assert a.mode == "synchronous"
     assert disposition_for(a, "async_t").tag == "runSync"
     assert disposition_for(a, "no_such_tool").tag == "runSync"

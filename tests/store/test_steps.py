@@ -1,0 +1,368 @@
+"""Creating sessions and running steps through the store's scripts: create_session, begin_step,
+commit_step, end_step, fail_step, journal_put; on real Redis and on fakeredis[lua]."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from celery_agents.errors import SessionNotAdvanceable
+from celery_agents.model import AgentSpec, CallState, ErrorInfo, LlmTurn, State, Status, UserQuery, UserTurn
+from celery_agents.store import Store
+from tests.scheduler.fakes import RecordingTools, ScriptedLlm, llm_turn
+from tests.store.scenario import AGENT, begin, commit, decide, start, step
+
+
+def event_types(store: Store, sid: str) -> list[str]:
+    return [e["type"] for e in store.read_events(sid)]
+
+
+def in_index(store: Store, key: str, member: str) -> bool:
+    return store.client.zscore(key, member) is not None
+
+
+# -- create_session ------------------------------------------------------------------------------
+
+
+def test_create_session_stores_header_first_turn_indexes_and_event(any_store: Store) -> None:
+    store = any_store
+    sid = start(store, text="hello there")
+    h = store.header(sid)
+    assert (h.version, h.status, h.state, h.head, h.drive, h.steps, h.turn_count) == (
+        1,
+        Status.ACTIVE,
+        State.READY,
+        "UserTurn",
+        "manual",
+        0,
+        1,
+    )
+    assert h.agent_slug == AGENT.slug and h.step_limit == AGENT.max_steps
+    assert h.execution_mode == "asynchronous"
+    [turn] = store.turns(sid)
+    assert isinstance(turn, UserTurn) and turn.query is not None and turn.query.text == "hello there"
+    assert in_index(store, store.keys.sessions, sid)
+    assert in_index(store, store.keys.state_index("ready"), sid)
+    assert event_types(store, sid) == ["session_started"]
+    assert store.owed(older_than=9e9) == []
+
+
+def test_create_session_can_owe_the_first_step(any_store: Store) -> None:
+    sid = start(any_store, drive="auto", owe=True)
+    assert any_store.owed(older_than=9e9) == [sid]
+    assert any_store.header(sid).drive == "auto"
+
+
+def test_the_agent_spec_is_stored_once_by_content_hash(any_store: Store) -> None:
+    store = any_store
+    a, b = start(store), start(store)
+    other = AgentSpec.from_json(json.dumps({**json.loads(AGENT.to_json()), "maxSteps": 7}))
+    c = start(store, agent=other)
+    hashes = {store.header(s).agent_hash for s in (a, b)}
+    assert hashes == {AGENT.content_hash()}
+    assert store.header(c).agent_hash == other.content_hash() != AGENT.content_hash()
+    agent_keys = [k for k in store.client.keys(f"{store.keys.prefix}:agent:*")]
+    assert sorted(agent_keys) == sorted(
+        {store.keys.agent(AGENT.content_hash()), store.keys.agent(other.content_hash())}
+    )
+    # a worker on another machine, with no local file and no cache, reads the spec from Redis
+    fresh = Store(store.client, store.settings)
+    assert fresh.agent(AGENT.content_hash()) == AGENT
+    assert fresh.agent(other.content_hash()).max_steps == 7
+
+
+def test_creating_an_existing_session_id_is_refused(any_store: Store) -> None:
+    sid = start(any_store)
+    with pytest.raises(SessionNotAdvanceable):
+        any_store.create_session(AGENT, UserQuery(text="again"), session_id=sid)
+    assert len(any_store.turns(sid)) == 1
+
+
+# -- begin_step ----------------------------------------------------------------------------------
+
+
+def test_begin_step_takes_the_lease_and_returns_what_the_step_needs(any_store: Store) -> None:
+    store = any_store
+    sid = start(store)
+    store.journal_put(sid, "llm:1", "{}")
+    status, loaded = store.begin_step(sid, 1, "worker-a", request="r1")
+    assert status == "ok"
+    assert not isinstance(loaded, str)
+    assert loaded.header.session_id == sid and loaded.header.version == 1
+    assert [t.kind for t in loaded.turns] == ["UserTurn"]
+    assert loaded.calls == []
+    assert loaded.journal == {"llm:1": "{}"}
+    assert store.lease_holder(sid) == "worker-a"
+    assert event_types(store, sid)[-1] == "step_started"
+
+
+def test_begin_step_returns_the_newest_batch_with_recorded_outcomes(any_store: Store) -> None:
+    store = any_store
+    sid = start(store)
+    step(store, sid, llm=ScriptedLlm(llm_turn(("c1", "async_t", "{}"), ("c2", "sync_a", "{}"))))
+    step(store, sid)
+    fields = [c.field for c in store.calls(sid)]
+    store.record_result(sid, fields[0], json.dumps({"state": "completed", "result": 42}), {})
+    loaded = begin(store, sid)
+    assert [(c.call_id, c.state, c.result) for c in loaded.calls] == [
+        ("c1", CallState.COMPLETED, 42),
+        ("c2", CallState.COMPLETED, "sync_a ok"),
+    ]
+
+
+def test_begin_step_refuses_a_stale_version(any_store: Store) -> None:
+    sid = start(any_store)
+    assert any_store.begin_step(sid, 7, "w") == ("stale", "1")
+    assert any_store.lease_holder(sid) is None
+    [skipped] = [e for e in any_store.read_events(sid) if e["type"] == "step_skipped"]
+    assert skipped["reason"] == "stale"
+
+
+def test_begin_step_refuses_while_another_worker_holds_the_lease(any_store: Store) -> None:
+    sid = start(any_store)
+    begin(any_store, sid, "worker-a")
+    assert any_store.begin_step(sid, 1, "worker-b") == ("busy", "worker-a")
+    assert any_store.lease_holder(sid) == "worker-a"
+    # the holder itself (a redelivery to the same worker) may go on
+    assert any_store.begin_step(sid, 1, "worker-a")[0] == "ok"
+
+
+def test_begin_step_refuses_an_ended_session(any_store: Store) -> None:
+    sid = start(any_store)
+    step(any_store, sid, llm=ScriptedLlm(llm_turn(text="done")))
+    assert any_store.begin_step(sid, 2, "w") == ("ended", "completed")
+
+
+def test_begin_step_on_an_unknown_session(any_store: Store) -> None:
+    assert any_store.begin_step("nosuchsession", 1, "w")[0] == "missing"
+
+
+# -- commit_step ---------------------------------------------------------------------------------
+
+
+def test_commit_appends_turns_bumps_version_and_releases_the_lease(any_store: Store) -> None:
+    store = any_store
+    sid = start(store)
+    loaded = begin(store, sid)
+    store.journal_put(sid, "llm:1", "journaled")
+    t = decide(store, loaded, llm=ScriptedLlm(llm_turn(("c1", "sync_a", "{}"), text="checking")))
+    res = commit(store, sid, loaded, t)
+    assert res[:2] == ("ok", 2)
+    h = store.header(sid)
+    assert (h.version, h.head, h.state, h.steps, h.turn_count) == (2, "LlmTurn", State.TOOLS, 1, 2)
+    turns = store.turns(sid)
+    assert isinstance(turns[1], LlmTurn) and turns[1].text == "checking"
+    assert store.lease_holder(sid) is None
+    assert not store.client.exists(store.keys.journal(sid)), "the journal of the committed step is cleared"
+    assert in_index(store, store.keys.state_index("tools"), sid)
+    assert not in_index(store, store.keys.state_index("ready"), sid)
+    types = event_types(store, sid)
+    assert types[-2:] == ["llm_called", "step_committed"]
+
+
+def test_commit_sums_token_usage_into_the_header(any_store: Store) -> None:
+    store = any_store
+    sid = start(store)
+    step(store, sid, llm=ScriptedLlm(llm_turn(("c1", "sync_a", "{}"))))
+    step(store, sid)
+    step(store, sid, llm=ScriptedLlm(llm_turn(text="done")))
+    usage = store.header(sid).usage
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (20, 4, 24)
+
+
+def test_commit_of_a_tools_step_writes_calls_pending_and_tokens(any_store: Store) -> None:
+    store = any_store
+    sid = start(store)
+    step(
+        store,
+        sid,
+        llm=ScriptedLlm(llm_turn(("c1", "sync_a", "{}"), ("c2", "async_t", "{}"), ("c3", "defer_t", '{"amount": 5}'))),
+    )
+    done = step(store, sid)
+    h = store.header(sid)
+    assert (h.version, h.head, h.state) == (3, "PartialUserTurn", State.WAITING)
+    assert len(store.turns(sid)) == 2, "a partial turn is not appended"
+    calls = store.calls(sid)
+    assert [(c.call_id, c.state) for c in calls] == [
+        ("c1", CallState.COMPLETED),
+        ("c2", CallState.RUNNING),
+        ("c3", CallState.DEFERRED),
+    ]
+    assert store.client.smembers(store.keys.pending(sid)) == {"1:1", "1:2"}
+    assert set(store.client.zrange(store.keys.pending_all, 0, -1)) == {f"{sid} 1:1", f"{sid} 1:2"}
+    token = done.transition.calls[2].token
+    assert token is not None
+    info = store.token_info(token)
+    assert (info["state"], info["call_id"], info["field"], info["reason"]) == (
+        "pending",
+        "c3",
+        "1:2",
+        "a human approves",
+    )
+    deadline = store.client.zscore(store.keys.deadlines, f"{sid} 1:2")
+    assert deadline == int(info["expires_ms"])
+    assert in_index(store, store.keys.state_index("waiting"), sid)
+    assert "token_created" in event_types(store, sid)
+
+
+def test_commit_in_auto_drive_owes_the_next_step_and_manual_does_not(any_store: Store) -> None:
+    store = any_store
+    auto, manual = start(store, drive="auto", owe=True), start(store)
+    for sid in (auto, manual):
+        step(store, sid, llm=ScriptedLlm(llm_turn(("c1", "sync_a", "{}"))))
+    assert store.owed(older_than=9e9) == [auto]
+    assert store.client.hget(store.keys.meta(auto), "owed_version") == "2"
+    # waiting on an async call: nothing is owed until the call finishes
+    step(store, auto)
+    step(store, auto, llm=ScriptedLlm(llm_turn(("c2", "async_t", "{}"))))
+    step(store, auto)
+    assert store.header(auto).state == State.WAITING
+    assert store.owed(older_than=9e9) == []
+
+
+def test_commit_of_a_finished_session_clears_the_outbox(any_store: Store) -> None:
+    store = any_store
+    sid = start(store, drive="auto", owe=True)
+    done = step(store, sid, llm=ScriptedLlm(llm_turn(text="Sunny.")))
+    assert done.result is not None
+    h = store.header(sid)
+    assert (h.status, h.state, h.response) == (Status.COMPLETED, State.COMPLETED, "Sunny.")
+    assert store.owed(older_than=9e9) == []
+    assert in_index(store, store.keys.state_index("completed"), sid)
+    assert store.list_sessions("completed")[0].session_id == sid
+
+
+def test_commit_refuses_a_stale_version_and_writes_nothing(any_store: Store) -> None:
+    store = any_store
+    sid = start(store)
+    loaded = begin(store, sid)
+    t = decide(store, loaded, llm=ScriptedLlm(llm_turn(text="one")))
+    stale = loaded.header.model_copy(update={"version": 5})
+    res = store.commit(
+        sid,
+        stale,
+        "w1",
+        kind=t.kind,
+        new_turns=t.new_turns,
+        calls=t.calls,
+        head=t.head,
+        state=t.state,
+        status=t.status,
+        response=t.response,
+        error=t.error,
+        usage=t.usage,
+        events=[],
+        steps_inc=1,
+    )
+    assert res[0] == "stale"
+    assert len(store.turns(sid)) == 1 and store.header(sid).version == 1
+
+
+def test_commit_refuses_when_another_worker_took_the_lease(any_store: Store) -> None:
+    store = any_store
+    sid = start(store)
+    loaded = begin(store, sid, "worker-a")
+    t = decide(store, loaded, llm=ScriptedLlm(llm_turn(text="one")))
+    store.client.delete(store.keys.lease(sid))  # worker-a's lease lapsed ...
+    begin(store, sid, "worker-b")  # ... and worker-b took over
+    assert commit(store, sid, loaded, t, owner="worker-a")[0] == "lost_lease"
+    assert store.header(sid).version == 1 and store.lease_holder(sid) == "worker-b"
+
+
+def test_commit_refuses_a_cancelled_session(any_store: Store) -> None:
+    store = any_store
+    sid = start(store)
+    loaded = begin(store, sid)
+    t = decide(store, loaded, llm=ScriptedLlm(llm_turn(text="one")))
+    store.cancel(sid)
+    loaded.header = loaded.header.model_copy(update={"version": store.header(sid).version})
+    assert commit(store, sid, loaded, t)[0] == "ended"
+    assert len(store.turns(sid)) == 1
+
+
+def test_a_failing_model_commits_the_error_and_resuming_clears_it(any_store: Store) -> None:
+    from celery_agents.scheduler import LlmFailure
+
+    store = any_store
+    sid = start(store)
+    step(store, sid, llm=ScriptedLlm(LlmFailure("auth", "bad key", transient=False)))
+    h = store.header(sid)
+    assert (h.status, h.state) == (Status.FAILED, State.FAILED)
+    assert h.error is not None and (h.error.code, h.error.message) == ("auth", "bad key")
+    store.prepare_step(sid)
+    h = store.header(sid)
+    assert (h.status, h.state, h.error) == (Status.ACTIVE, State.READY, None)
+
+
+# -- end_step and fail_step ----------------------------------------------------------------------
+
+
+def test_end_step_releases_only_its_own_lease(any_store: Store) -> None:
+    store = any_store
+    sid = start(store)
+    begin(store, sid, "worker-a")
+    store.end_step(sid, "worker-b", "r", "wait")
+    assert store.lease_holder(sid) == "worker-a"
+    store.end_step(sid, "worker-a", "r", "wait")
+    assert store.lease_holder(sid) is None
+    assert event_types(store, sid)[-1] == "step_noop"
+    assert store.header(sid).version == 1
+
+
+def test_end_step_of_a_waiting_session_drops_the_owed_step(any_store: Store) -> None:
+    store = any_store
+    sid = start(store, drive="auto", owe=True)
+    step(store, sid, llm=ScriptedLlm(llm_turn(("c1", "defer_t", "{}"))))
+    step(store, sid)
+    store.client.zadd(store.keys.owed, {sid: 1})  # e.g. a resume raced the tools step
+    waited = step(store, sid)
+    assert waited.transition.kind == "wait" and waited.result is None
+    assert store.owed(older_than=9e9) == []
+
+
+def test_end_step_keeps_a_step_owed_when_asked(any_store: Store) -> None:
+    store = any_store
+    sid = start(store, drive="auto", owe=True)
+    begin(store, sid)
+    store.end_step(sid, "w1", "r", "error", keep_owed=True)
+    assert store.owed(older_than=9e9) == [sid]
+
+
+def test_fail_step_fails_the_session_and_fences_queued_copies(any_store: Store) -> None:
+    store = any_store
+    sid = start(store, drive="auto", owe=True)
+    begin(store, sid, "w1")
+    assert store.fail_step(sid, 1, ErrorInfo(code="internal_error", message="boom"), "w1")
+    h = store.header(sid)
+    assert (h.status, h.state, h.version) == (Status.FAILED, State.FAILED, 2)
+    assert h.error is not None and h.error.message == "boom"
+    assert store.lease_holder(sid) is None
+    assert store.owed(older_than=9e9) == []
+    assert event_types(store, sid)[-1] == "failed"
+    assert not store.fail_step(sid, 1, ErrorInfo(code="x", message="again"), "w1"), "a stale failure is ignored"
+
+
+# -- journal_put ---------------------------------------------------------------------------------
+
+
+def test_journal_first_writer_wins(any_store: Store) -> None:
+    store = any_store
+    sid = start(store)
+    assert store.journal_put(sid, "llm:1", "first") == "first"
+    assert store.journal_put(sid, "llm:1", "second") == "first"
+    assert store.journal_get(sid, "llm:1") == "first"
+    assert store.journal_put(sid, "tool:1:0", "other field") == "other field"
+
+
+def test_a_sync_tool_failure_is_committed_as_a_failed_call(any_store: Store) -> None:
+    from celery_agents.scheduler import CallOutcome
+
+    store = any_store
+    sid = start(store)
+    step(store, sid, llm=ScriptedLlm(llm_turn(("c1", "sync_a", "{}"))))
+    step(store, sid, tools=RecordingTools({"sync_a": CallOutcome(state="failed", error="exit 3")}))
+    [call] = store.calls(sid)
+    assert (call.state, call.error) == (CallState.FAILED, "exit 3")
+    answer = store.turns(sid)[-1]
+    assert isinstance(answer, UserTurn) and answer.tool_responses[0].is_error
