@@ -14,7 +14,6 @@ from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, Optional
 
-import click
 import typer
 
 from celery_agents.errors import AgentsError, InvalidInput, RedisUnavailable
@@ -335,17 +334,18 @@ def main(argv: list[str] | None = None) -> None:
     as_json = "--json" in args
     try:
         rc = app(args=args, prog_name="agents", standalone_mode=False)
-    except click.exceptions.Exit as exc:
-        raise SystemExit(exc.exit_code) from None
-    except click.exceptions.Abort:
+    except typer.Abort:
         raise SystemExit(130) from None
-    except click.ClickException as exc:
+    except typer.TyperException as exc:
+        # typer >= 0.29 vendors click: usage errors are typer's own ClickException, not click's.
         if as_json:
             from celery_agents.cli.output import emit_json
 
             emit_json(InvalidInput(exc.format_message()).to_json())
-        else:
+        elif hasattr(exc, "show"):
             exc.show()
+        else:
+            sys.stderr.write(f"Error: {exc.format_message()}\n")
         raise SystemExit(2) from None
     except typer.Exit as exc:
         raise SystemExit(exc.exit_code) from None
