@@ -18,7 +18,7 @@ from celery_agents.errors import (
 )
 from celery_agents.model import CallState, State, Status
 from celery_agents.store import Store, completion_json, new_token, outcome_json
-from tests.scheduler.fakes import ScriptedLlm, llm_turn
+from tests.scheduler.fakes import ScriptedLlm, llm_turn, make_agent
 from tests.store.scenario import AGENT, begin, start, step, token_of, waiting_on
 
 DAY = 86400.0
@@ -368,3 +368,35 @@ def test_results_survive_a_fresh_store_on_the_same_redis(any_store: Store) -> No
     assert [(c.call_id, c.state, c.result) for c in loaded.calls] == [("c1", CallState.COMPLETED, {"ok": 1})]
     assert other.agent(loaded.header.agent_hash) == AGENT
     assert json.loads(store.client.get(store.keys.agent(AGENT.content_hash())) or "{}")["slug"] == AGENT.slug
+
+
+def test_text_beyond_ascii_survives_every_script(any_store: Store) -> None:
+    store = any_store
+    agent = make_agent(
+        {"rules": [{"tool": "defer_t", "disposition": {"tag": "defer", "reason": "approbation 😀 requise"}}]},
+        executionMode="asynchronous",
+    )
+    sid = start(store, agent=agent, text="Quel temps fait-il à Zürich ? ☀️")
+    step(store, sid, llm=ScriptedLlm(llm_turn(("c1", "defer_t", '{"ville": "Zürich 😀"}'), text="Je vérifie…")))
+    calls = step(store, sid).transition.calls
+    [pending] = store.pending_view(sid)
+    assert (pending.arguments, pending.reason) == ({"ville": "Zürich 😀"}, "approbation 😀 requise")
+    assert store.token_info(token_of(calls, "c1"))["reason"] == "approbation 😀 requise"
+    store.complete_token(token_of(calls, "c1"), approve("oui 😀"))
+    step(store, sid, llm=ScriptedLlm(llm_turn(text="Il fait 21 °C ☀️")))
+    assert store.header(sid).response == "Il fait 21 °C ☀️"
+    assert store.calls(sid)[0].result == "oui 😀"
+    [created] = [e for e in store.read_events(sid) if e["type"] == "token_created"]
+    assert created["reason"] == "approbation 😀 requise"
+
+
+def test_a_failed_session_can_be_cancelled(any_store: Store) -> None:
+    from celery_agents.scheduler import LlmFailure
+
+    store = any_store
+    sid = start(store)
+    step(store, sid, llm=ScriptedLlm(LlmFailure("auth", "bad key", transient=False)))
+    store.cancel(sid)
+    h = store.header(sid)
+    assert (h.status, h.state) == (Status.CANCELLED, State.CANCELLED)
+    assert store.list_sessions("failed") == []

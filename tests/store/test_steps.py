@@ -366,3 +366,62 @@ def test_a_sync_tool_failure_is_committed_as_a_failed_call(any_store: Store) -> 
     assert (call.state, call.error) == (CallState.FAILED, "exit 3")
     answer = store.turns(sid)[-1]
     assert isinstance(answer, UserTurn) and answer.tool_responses[0].is_error
+
+
+# -- load_session and lease_renew ----------------------------------------------------------------
+
+
+def test_load_reads_a_session_without_taking_the_lease(any_store: Store) -> None:
+    store = any_store
+    sid = start(store)
+    step(store, sid, llm=ScriptedLlm(llm_turn(("c1", "defer_t", "{}"))))
+    step(store, sid)
+    events_before = len(store.read_events(sid))
+    loaded = Store(store.client, store.settings).load(sid)
+    assert loaded.header.version == 3 and loaded.header.head == "PartialUserTurn"
+    assert [t.kind for t in loaded.turns] == ["UserTurn", "LlmTurn"]
+    assert [(c.call_id, c.state) for c in loaded.calls] == [("c1", CallState.DEFERRED)]
+    assert store.lease_holder(sid) is None
+    assert len(store.read_events(sid)) == events_before
+
+
+def test_load_of_an_unknown_session(any_store: Store) -> None:
+    from celery_agents.errors import UnknownSession
+
+    with pytest.raises(UnknownSession):
+        any_store.load("nosuchsession")
+
+
+def test_only_the_holder_renews_a_lease(any_store: Store) -> None:
+    store = any_store
+    sid = start(store)
+    begin(store, sid, "worker-a")
+    key = store.keys.lease(sid)
+    lease_ms = int(store.settings.lease_seconds * 1000)
+    store.client.pexpire(key, 500)
+    assert store.scripts.run("lease_renew", [key], ["worker-b", lease_ms]) == 0
+    assert 0 < store.client.pttl(key) <= 500
+    assert store.scripts.run("lease_renew", [key], ["worker-a", lease_ms]) == 1
+    assert 500 < store.client.pttl(key) <= lease_ms
+    store.client.delete(key)
+    assert store.scripts.run("lease_renew", [key], ["worker-a", lease_ms]) == 0
+    assert store.lease_holder(sid) is None, "a lapsed lease is not brought back"
+
+
+def test_a_step_lease_lapses_on_its_own(any_store: Store) -> None:
+    store = any_store
+    sid = start(store)
+    begin(store, sid, "worker-a")
+    ttl = store.client.pttl(store.keys.lease(sid))
+    assert 0 < ttl <= int(store.settings.lease_seconds * 1000)
+
+
+def test_owed_lists_only_steps_owed_longer_than_the_grace(any_store: Store) -> None:
+    store = any_store
+    t0 = 1_700_000_000.0
+    old = store.create_session(AGENT, UserQuery(text="a"), drive="auto", owe=True, now=t0).session_id
+    new = store.create_session(AGENT, UserQuery(text="b"), drive="auto", owe=True, now=t0 + 60).session_id
+    assert store.owed(older_than=t0 + 30) == [old]
+    assert sorted(store.owed(older_than=t0 + 90)) == sorted([old, new])
+    store.touch_owed(old, t0 + 120)
+    assert store.owed(older_than=t0 + 90) == [new]
