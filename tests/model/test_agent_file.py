@@ -208,18 +208,14 @@ def test_a_rule_naming_no_declared_tool_is_refused(write: Any) -> None:
     assert "fix the name or add the tool" in message
 
 
-@pytest.mark.xfail(
-    strict=True, reason="BUG: errors in a toolCallPolicyConfig file name the field toolCallPolicy"
-)
+@pytest.mark.xfail(strict=True, reason="BUG: errors in a toolCallPolicyConfig file name the field toolCallPolicy")
 def test_errors_in_the_alias_spelling_name_the_field_as_written(write: Any) -> None:
     message = refusal(write(agent(toolCallPolicyConfig={"default": "runLater"})))
     assert "toolCallPolicyConfig.default" in message
 
 
 def test_a_tool_with_two_kinds_is_refused(write: Any) -> None:
-    message = refusal(
-        write(agent(tools=[{"name": "t", "command": ["echo"], "python": "a.b:c", "parameters": {}}]))
-    )
+    message = refusal(write(agent(tools=[{"name": "t", "command": ["echo"], "python": "a.b:c", "parameters": {}}])))
     assert "tools[0]" in message
     assert "needs exactly one of command, python" in message
     assert "found command, python" in message
@@ -246,9 +242,7 @@ def test_duplicate_tool_names_are_refused(write: Any) -> None:
 
 
 def test_both_policy_spellings_at_once_are_refused(write: Any) -> None:
-    message = refusal(
-        write(agent(toolCallPolicy={"default": "runSync"}, toolCallPolicyConfig={"default": "runSync"}))
-    )
+    message = refusal(write(agent(toolCallPolicy={"default": "runSync"}, toolCallPolicyConfig={"default": "runSync"})))
     assert "give toolCallPolicy or toolCallPolicyConfig, not both" in message
 
 
@@ -384,10 +378,6 @@ def test_json_schema_accepts_the_contract_example_and_refuses_a_bad_tag() -> Non
         _validate(agent(toolCallPolicy={"default": {"tag": "runLater"}}))
 
 
-@pytest.mark.xfail(
-    strict=True, reason='BUG: the exported JSON Schema refuses the "runSync" string disposition'
-)
+@pytest.mark.xfail(strict=True, reason='BUG: the exported JSON Schema refuses the "runSync" string disposition')
 def test_json_schema_accepts_a_disposition_written_as_a_string() -> None:
-    _validate(
-        agent(toolCallPolicy={"default": "runSync", "rules": [{"tool": "lookup", "disposition": "defer"}]})
-    )
+    _validate(agent(toolCallPolicy={"default": "runSync", "rules": [{"tool": "lookup", "disposition": "defer"}]}))

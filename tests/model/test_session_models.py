@@ -50,9 +50,7 @@ def tracked(**extra: Any) -> TrackedCall:
 
 TURNS: list[Any] = [
     UserTurn(
-        query=UserQuery(
-            text="hello", media=[Media(mime_type="image/png", data_base64="aGk=", filename="a.png")]
-        ),
+        query=UserQuery(text="hello", media=[Media(mime_type="image/png", data_base64="aGk=", filename="a.png")]),
         at=1.5,
     ),
     UserTurn(
@@ -79,9 +77,7 @@ TURNS: list[Any] = [
         duration_ms=12.5,
     ),
     LlmTurn(text="done", finish_reason="stop"),
-    PartialUserTurn(
-        calls=[tracked(), tracked(call_id="call_2", position=1, state=CallState.COMPLETED, result=[1, 2])]
-    ),
+    PartialUserTurn(calls=[tracked(), tracked(call_id="call_2", position=1, state=CallState.COMPLETED, result=[1, 2])]),
 ]
 
 

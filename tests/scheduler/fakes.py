@@ -135,9 +135,7 @@ def make_agent(policy: dict[str, Any] | None = None, **extra: Any) -> AgentSpec:
 
 def llm_turn(*calls: tuple[str, str, str] | ToolCall, text: str | None = None, **extra: Any) -> LlmTurn:
     """An `LlmTurn` asking for `(id, name, arguments)` calls."""
-    tool_calls = [
-        c if isinstance(c, ToolCall) else ToolCall(id=c[0], name=c[1], arguments=c[2]) for c in calls
-    ]
+    tool_calls = [c if isinstance(c, ToolCall) else ToolCall(id=c[0], name=c[1], arguments=c[2]) for c in calls]
     extra.setdefault("usage", Usage(prompt_tokens=10, completion_tokens=2, total_tokens=12))
     extra.setdefault("model", "fake/model")
     return LlmTurn(text=text, tool_calls=tool_calls, **extra)

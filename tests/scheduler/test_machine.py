@@ -81,9 +81,7 @@ def test_the_model_request_carries_the_agent_tools_and_the_session_version() -> 
 
 def test_run_sync_calls_run_inline_in_call_order_and_answer_in_one_user_turn() -> None:
     tools = RecordingTools({"sync_b": CallOutcome(state="completed", result={"b": 2})})
-    t = run_tools(
-        llm_turn(("c1", "sync_b", '{"x": 1}'), ("c2", "sync_a", "{}"), ("c3", "sync_b", "{}")), tools
-    )
+    t = run_tools(llm_turn(("c1", "sync_b", '{"x": 1}'), ("c2", "sync_a", "{}"), ("c3", "sync_b", "{}")), tools)
     assert tools.ran == ["c1", "c2", "c3"]
     assert tools.runs[0].arguments == {"x": 1}
     assert t.commit and t.kind == "tools"
@@ -96,9 +94,7 @@ def test_run_sync_calls_run_inline_in_call_order_and_answer_in_one_user_turn() -
         ("c3", {"b": 2}),
     ]
     assert all(c.state == CallState.COMPLETED for c in t.calls)
-    assert [c.field for c in t.calls] == ["1:0", "1:1", "1:2"], (
-        "batch is the LlmTurn's index, position the order"
-    )
+    assert [c.field for c in t.calls] == ["1:0", "1:1", "1:2"], "batch is the LlmTurn's index, position the order"
     assert t.dispatch == [] and t.unfinished == []
 
 
@@ -115,9 +111,7 @@ def test_a_tool_failure_becomes_a_failed_call_and_the_step_goes_on() -> None:
 
 def test_async_and_isolated_calls_are_dispatched_and_the_session_waits() -> None:
     tools = RecordingTools()
-    t = run_tools(
-        llm_turn(("c1", "async_t", '{"u": "x"}'), ("c2", "isolated_t", "{}"), ("c3", "sync_a", "{}")), tools
-    )
+    t = run_tools(llm_turn(("c1", "async_t", '{"u": "x"}'), ("c2", "isolated_t", "{}"), ("c3", "sync_a", "{}")), tools)
     assert tools.ran == ["c3"], "only the runSync call runs in the step"
     assert [(c.call_id, c.disposition, c.state) for c in t.dispatch] == [
         ("c1", "runAsync", CallState.RUNNING),
@@ -380,9 +374,7 @@ def test_duplicate_and_missing_call_ids_are_made_unique() -> None:
 
 
 @pytest.mark.timeout(3)
-@pytest.mark.xfail(
-    strict=True, reason="BUG: call ids like ['a', 'a_2', 'a'] make the id normaliser loop forever"
-)
+@pytest.mark.xfail(strict=True, reason="BUG: call ids like ['a', 'a_2', 'a'] make the id normaliser loop forever")
 def test_normalising_ids_ends_when_the_renamed_id_is_taken_too() -> None:
     llm = ScriptedLlm(llm_turn(("a", "sync_a", "{}"), ("a_2", "sync_a", "{}"), ("a", "sync_a", "{}")))
     t = advance(snapshot(AGENT, [ask()]), ports(llm=llm))

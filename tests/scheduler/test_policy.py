@@ -15,9 +15,7 @@ def agent(policy: dict[str, Any] | None, **extra: Any) -> Any:
 
 
 def test_no_policy_runs_every_implemented_tool_inline() -> None:
-    a = parse_agent(
-        {"slug": "a", "model": "m", "tools": [{"name": "async_t", "python": "x.y:z", "parameters": {}}]}
-    )
+    a = parse_agent({"slug": "a", "model": "m", "tools": [{"name": "async_t", "python": "x.y:z", "parameters": {}}]})
     assert a.mode == "synchronous"
     assert disposition_for(a, "async_t").tag == "runSync"
     assert disposition_for(a, "no_such_tool").tag == "runSync"
@@ -78,9 +76,7 @@ def test_external_tools_are_always_deferred() -> None:
 
 
 def test_external_tools_keep_the_reason_of_their_rule() -> None:
-    a = agent(
-        {"rules": [{"tool": "external_t", "disposition": {"tag": "defer", "reason": "finance signs off"}}]}
-    )
+    a = agent({"rules": [{"tool": "external_t", "disposition": {"tag": "defer", "reason": "finance signs off"}}]})
     assert disposition_for(a, "external_t") == Disposition(tag="defer", reason="finance signs off")
     a = agent({"rules": [{"tool": "external_t", "disposition": {"tag": "runAsync", "reason": "ops"}}]})
     assert disposition_for(a, "external_t") == Disposition(tag="defer", reason="ops")
