@@ -43,6 +43,8 @@ class Settings:
     owed_grace: float = 10.0
     #: events kept per session (approximate cap of the stream)
     events_maxlen: int = 2000
+    #: how often (seconds) the broker puts back messages unacknowledged past the visibility timeout
+    restore_interval: float = 10.0
 
     @property
     def embedded(self) -> bool:
@@ -63,5 +65,6 @@ class Settings:
             lease_seconds=_float_env("AGENTS_LEASE_SECONDS", 30.0),
             sweep_interval=_float_env("AGENTS_SWEEP_INTERVAL", 1.0),
             owed_grace=_float_env("AGENTS_OWED_GRACE", 10.0),
+            restore_interval=_float_env("AGENTS_RESTORE_INTERVAL", 10.0),
         )
         return replace(s, **overrides) if overrides else s  # type: ignore[arg-type]

@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass
 
 from celery_agents.model import CallState, TrackedCall
+from celery_agents.runtime.lease import LeaseKeeper
 from celery_agents.scheduler.ports import ToolPort
 from celery_agents.store import Finished, Store, outcome_json
 
@@ -32,13 +33,14 @@ def run_call(store: Store, session_id: str, field: str, tools: ToolPort, owner: 
     if not is_pending or status != "active":
         return CallRun(status="already", call=call)
     lease_key = k.call_lease(session_id, field)
-    lease_ms = int(store.settings.tool_time_limit * 1000) + 60_000
+    lease_ms = int(store.settings.lease_seconds * 1000)
     if not store.client.set(lease_key, owner, nx=True, px=lease_ms):
         return CallRun(status="busy", call=call)
     try:
         agent = store.agent(agent_hash)
         started = time.time()
-        outcome = tools.run(agent, session_id, call.model_copy(update={"started_at": started}))
+        with LeaseKeeper(store, lease_key, owner):
+            outcome = tools.run(agent, session_id, call.model_copy(update={"started_at": started}))
         state = CallState.COMPLETED if outcome.state == "completed" else CallState.FAILED
         meta = dict(outcome.meta)
         if outcome.media:

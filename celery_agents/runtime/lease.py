@@ -1,4 +1,4 @@
-"""Keeping a step's session lease alive while the step runs (a thread renews it)."""
+"""Keeping a lease alive while its holder works: a step's session lease, a dispatched call's lease."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from celery_agents.store import Store
 
 
 class LeaseKeeper:
-    """Renews the lease every third of its length until the block ends."""
+    """Renews a lease (`key`, held by `owner`) every third of its length until the block ends."""
 
-    def __init__(self, store: Store, session_id: str, owner: str) -> None:
-        self.store, self.session_id, self.owner = store, session_id, owner
+    def __init__(self, store: Store, key: str, owner: str) -> None:
+        self.store, self.key, self.owner = store, key, owner
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.lost = False
@@ -21,14 +21,14 @@ class LeaseKeeper:
         interval = max(0.05, self.store.settings.lease_seconds / 3)
         while not self._stop.wait(interval):
             try:
-                if not self.store.renew_lease(self.session_id, self.owner):
+                if not self.store.renew_lease(self.key, self.owner):
                     self.lost = True
                     return
             except Exception:  # Redis blips: the commit's checks decide in the end
                 continue
 
     def __enter__(self) -> LeaseKeeper:
-        self._thread = threading.Thread(target=self._renew, name=f"lease-{self.session_id[:8]}", daemon=True)
+        self._thread = threading.Thread(target=self._renew, name="lease-keeper", daemon=True)
         self._thread.start()
         return self
 

@@ -12,6 +12,7 @@ import time
 from dataclasses import asdict
 
 from celery_agents.model import AgentSpec, LlmTurn, Media, TrackedCall
+from celery_agents.runtime.faults import checkpoint
 from celery_agents.scheduler.ports import CallOutcome, LlmPort, LlmRequest, ToolPort
 from celery_agents.store import Store, new_token
 
@@ -44,6 +45,7 @@ class JournaledLlm:
             return LlmTurn.model_validate_json(raw)
         turn = self.inner.complete(request)
         raw = self.store.journal_put(request.session_id, field, turn.model_dump_json())
+        checkpoint("after_llm_journal", self.store, request.session_id)
         return LlmTurn.model_validate_json(raw)
 
 

@@ -55,7 +55,7 @@ def run_step(
     assert isinstance(loaded, Loaded)
     header = loaded.header
     try:
-        with LeaseKeeper(store, session_id, owner):
+        with LeaseKeeper(store, store.keys.lease(session_id), owner):
             agent = store.agent(header.agent_hash)
             journaled_llm = JournaledLlm(store, loaded.journal, llm)
             ports = Ports(

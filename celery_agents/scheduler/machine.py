@@ -199,8 +199,10 @@ def _normalise_call_ids(turn: LlmTurn, ports: Ports) -> LlmTurn:
     changed = False
     for c in turn.tool_calls:
         cid = c.id or ports.ids.call_id()
+        suffix = len(seen)
         while cid in seen:
-            cid = f"{c.id or 'call'}_{len(seen)}"
+            suffix += 1
+            cid = f"{c.id or 'call'}_{suffix}"
         if cid != c.id:
             changed = True
         seen.add(cid)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from celery_agents.model import AgentSpec, LlmTurn, ToolResponse, UserQuery, UserTurn
+from celery_agents.model import AgentSpec, LlmTurn, Media, ToolResponse, UserQuery, UserTurn
 
 
 def tool_content(response: ToolResponse) -> str:
@@ -22,22 +22,21 @@ def tool_content(response: ToolResponse) -> str:
     return text
 
 
+def media_part(m: Media) -> dict[str, Any]:
+    """An attachment as a content part: images as `image_url`, other files as `file`."""
+    data = f"data:{m.mime_type};base64,{m.data_base64}"
+    if m.mime_type.startswith("image/"):
+        return {"type": "image_url", "image_url": {"url": data}}
+    return {"type": "file", "file": {"file_data": data, "filename": m.filename}}
+
+
 def _query_message(query: UserQuery) -> dict[str, Any]:
     if not query.media:
         return {"role": "user", "content": query.text}
     parts: list[dict[str, Any]] = []
     if query.text:
         parts.append({"type": "text", "text": query.text})
-    for m in query.media:
-        if m.mime_type.startswith("image/"):
-            parts.append({"type": "image_url", "image_url": {"url": f"data:{m.mime_type};base64,{m.data_base64}"}})
-        else:
-            parts.append(
-                {
-                    "type": "file",
-                    "file": {"file_data": f"data:{m.mime_type};base64,{m.data_base64}", "filename": m.filename},
-                }
-            )
+    parts.extend(media_part(m) for m in query.media)
     return {"role": "user", "content": parts}
 
 
@@ -81,15 +80,12 @@ def build_messages(agent: AgentSpec, turns: list[UserTurn | LlmTurn]) -> list[di
                 messages.extend(_missing_answers([call_id], pending_names))
                 continue
             messages.append({"role": "tool", "tool_call_id": call_id, "content": tool_content(r)})
-            for m in r.media:
-                media_parts.append(
-                    {"type": "image_url", "image_url": {"url": f"data:{m.mime_type};base64,{m.data_base64}"}}
-                )
+            media_parts.extend(media_part(m) for m in r.media)
         pending_calls, pending_names = [], {}
         if media_parts:
-            # Tool messages carry text only on most providers: images a tool returned follow as a user part.
+            # Tool messages carry text only on most providers: files a tool returned follow as a user part.
             messages.append(
-                {"role": "user", "content": [{"type": "text", "text": "Images returned by the tools:"}, *media_parts]}
+                {"role": "user", "content": [{"type": "text", "text": "Files returned by the tools:"}, *media_parts]}
             )
         if turn.query is not None:
             messages.append(_query_message(turn.query))

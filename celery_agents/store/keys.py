@@ -8,7 +8,14 @@ from __future__ import annotations
 
 SESSION_KEY_NAMES = ("meta", "turns", "calls", "results", "pending", "journal", "events", "lease")
 STORED_STATES = ("ready", "tools", "waiting", "completed", "failed", "cancelled")
-GLOBAL_KEY_NAMES = ("sessions", "pending_all", "deadlines", "owed", *tuple(f"state:{s}" for s in STORED_STATES))
+GLOBAL_KEY_NAMES = (
+    "sessions",
+    "pending_all",
+    "deadlines",
+    "owed",
+    "dispatched",
+    *(f"state:{s}" for s in STORED_STATES),
+)
 
 
 class Keys:
@@ -89,8 +96,14 @@ class Keys:
         """Sorted set: sessions owed a step (the outbox), by when it became owed (ms)."""
         return f"{self.prefix}:owed"
 
+    @property
+    def dispatched(self) -> str:
+        """Sorted set: `<session_id> <field>` of runAsync/runIsolated calls not finished, by when
+        they were last dispatched or seen running (ms)."""
+        return f"{self.prefix}:dispatched"
+
     def global_keys(self) -> list[str]:
-        return [self.sessions, self.pending_all, self.deadlines, self.owed] + [
+        return [self.sessions, self.pending_all, self.deadlines, self.owed, self.dispatched] + [
             self.state_index(s) for s in STORED_STATES
         ]
 
@@ -115,6 +128,10 @@ class Keys:
     def workers(self) -> str:
         """Hash: worker name -> heartbeat JSON."""
         return f"{self.prefix}:workers"
+
+    def fault(self, name: str) -> str:
+        """String: set by a worker paused at a fault-injection checkpoint (tests only)."""
+        return f"{self.prefix}:fault:{name}"
 
     def lock(self, name: str) -> str:
         return f"{self.prefix}:lock:{name}"

@@ -7,6 +7,7 @@ Every write that must be atomic is one script of `store/lua/`; reads are single 
 from __future__ import annotations
 
 import json
+import os
 import re
 import secrets
 import time
@@ -346,9 +347,10 @@ class Store:
             return "ok", self._loaded(session_id, res[1], have)
         return res[0], (res[1] if len(res) > 1 else "")
 
-    def renew_lease(self, session_id: str, owner: str) -> bool:
+    def renew_lease(self, key: str, owner: str) -> bool:
+        """Extend a lease (a session's step lease or a call's) if `owner` still holds it."""
         lease_ms = int(self.settings.lease_seconds * 1000)
-        return bool(self.scripts.run("lease_renew", [self.keys.lease(session_id)], [owner, lease_ms]))
+        return bool(self.scripts.run("lease_renew", [key], [owner, lease_ms]))
 
     def commit(
         self,
@@ -375,6 +377,7 @@ class Store:
         sid = session_id
         owe = status == Status.ACTIVE and state in (State.READY, State.TOOLS)
         pending = [[c.field, int(c.created_at * 1000)] for c in calls if not c.state.final]
+        dispatched = [c.field for c in calls if c.state == CallState.RUNNING]
         tokens = [c for c in calls if c.state == CallState.DEFERRED and c.token]
         token_keys = tuple(self.keys.token(sid, parse_token(c.token)[1]) for c in tokens if c.token)
         control = {
@@ -392,6 +395,7 @@ class Store:
             "batch": calls[0].batch if calls else -1,
             "batch_size": len(calls),
             "pending": pending,
+            "dispatched": dispatched,
             "tokens": [
                 [c.field, int((c.expires_at or 0) * 1000), c.call_id, c.tool, c.digest(), c.reason or ""]
                 for c in tokens
@@ -573,6 +577,30 @@ class Store:
                 out.append({"name": name, **beat})
         return out
 
+    def stale_dispatched(self, older_than: float, limit: int = 200) -> list[tuple[str, str]]:
+        """Dispatched calls not seen running since `older_than` (their message or worker may be lost)."""
+        members = self.client.zrangebyscore(self.keys.dispatched, "-inf", int(older_than * 1000), start=0, num=limit)
+        return [tuple(m.split(" ", 1)) for m in members]  # type: ignore[misc]
+
+    def touch_dispatched(self, session_id: str, field: str, now: float) -> None:
+        self.client.zadd(self.keys.dispatched, {f"{session_id} {field}": int(now * 1000)}, xx=True)
+
+    def check_eviction(self) -> None:
+        """Refuse a Redis that may evict keys (session state would vanish silently under memory
+        pressure), unless AGENTS_ALLOW_EVICTION=1. A server without a memory limit never evicts."""
+        if os.environ.get("AGENTS_ALLOW_EVICTION") == "1":
+            return
+        try:
+            cfg = self.client.config_get("maxmemory*")
+        except redis.ResponseError:
+            return  # CONFIG is disabled (managed Redis): nothing to check
+        policy = cfg.get("maxmemory-policy", "noeviction")
+        if policy != "noeviction" and int(cfg.get("maxmemory", "0") or 0) > 0:
+            raise RedisUnavailable(
+                f"this Redis may evict keys (maxmemory-policy {policy}): session state and completions could be "
+                "lost. Set `maxmemory-policy noeviction`, or AGENTS_ALLOW_EVICTION=1 to run anyway."
+            )
+
     def owed(self, older_than: float, limit: int = 200) -> list[str]:
         return list(self.client.zrangebyscore(self.keys.owed, "-inf", int(older_than * 1000), start=0, num=limit))
 
@@ -605,13 +633,15 @@ class Store:
             pipe.hget(self.keys.calls(sid), field)
             pipe.hget(self.keys.results(sid), field)
         raw = pipe.execute()
-        out = []
+        out: list[tuple[int, int, PendingCall]] = []
         for i, (sid, _field) in enumerate(pairs):
             if raw[2 * i]:
                 call = merge_outcome(raw[2 * i], raw[2 * i + 1])
                 if not call.state.final:
-                    out.append(pending_view(sid, call))
-        return out
+                    out.append((call.batch, call.position, pending_view(sid, call)))
+        # Calls made by one step share a creation time: keep them in the model's call order.
+        out.sort(key=lambda row: (row[2].created_at, row[2].session_id, row[0], row[1]))
+        return [row[2] for row in out]
 
     def list_sessions(self, state: str | None = None, limit: int = 50) -> list[SessionHeader]:
         index = self.keys.state_index(state) if state else self.keys.sessions

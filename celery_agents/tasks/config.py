@@ -28,8 +28,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "socket_timeout": 30,
         "socket_connect_timeout": 5,
         "health_check_interval": 25,
-        "unacked_restore_interval": 10,
-        "unacked_restore_throttle": 3,
+        # Sweep for messages unacknowledged past the visibility timeout every ~30 s (kombu's
+        # default is ~100 s); our own sweeper recovers dead workers' steps much sooner anyway.
+        "unacked_restore_interval": settings.restore_interval,
+        "unacked_restore_throttle": 3 if settings.restore_interval >= 5 else 1,
     }
     return {
         "broker_url": broker_url(settings),

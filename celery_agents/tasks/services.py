@@ -15,6 +15,7 @@ from typing import Any
 from celery.signals import worker_init, worker_ready, worker_shutdown
 
 from celery_agents.config import Settings
+from celery_agents.model import TrackedCall
 from celery_agents.runtime.completions import CompletionConsumer
 from celery_agents.store import EmbeddedRedis, Store
 from celery_agents.tasks.celery_app import app, settings
@@ -25,20 +26,34 @@ log = logging.getLogger("celery_agents.services")
 
 
 def sweep_once(store: Store, dispatcher: Dispatcher, settings: Settings, now: float | None = None) -> dict[str, int]:
-    """Publish owed steps nobody took, and expire due deadlines; returns counts."""
+    """Publish owed steps and dispatched calls that nobody runs (the message was lost, or the worker
+    died and its lease lapsed), and expire due deadlines; returns counts."""
     now = time.time() if now is None else now
-    counts = {"owed": 0, "expired": 0}
+    counts = {"owed": 0, "redispatched": 0, "expired": 0}
     for sid in store.owed(older_than=now - settings.owed_grace):
-        meta = store.client.hmget(store.keys.meta(sid), ["version", "status", "drive"])
-        version, status, drive = meta
-        if version is None or status != "active" or drive != "auto":
+        version, status, owed_version = store.client.hmget(store.keys.meta(sid), ["version", "status", "owed_version"])
+        if version is None or status != "active" or owed_version != version:
             store.client.zrem(store.keys.owed, sid)
             continue
         store.touch_owed(sid, now)
         if store.lease_holder(sid):
             continue
+        # Owed, old, and nobody holds the lease: the message was lost or its worker died.
         dispatcher.step(sid, int(version), request="sweeper")
         counts["owed"] += 1
+    for sid, field in store.stale_dispatched(older_than=now - settings.owed_grace):
+        pipe = store.client.pipeline(transaction=False)
+        pipe.sismember(store.keys.pending(sid), field)
+        pipe.exists(store.keys.call_lease(sid, field))
+        pipe.hget(store.keys.calls(sid), field)
+        is_pending, leased, raw = pipe.execute()
+        if not is_pending or raw is None:
+            store.client.zrem(store.keys.dispatched, f"{sid} {field}")
+            continue
+        store.touch_dispatched(sid, field, now)
+        if not leased:
+            dispatcher.call(sid, TrackedCall.model_validate_json(raw))
+            counts["redispatched"] += 1
     for sid, finished in store.expire_due(now):
         if finished.status == "ok":
             counts["expired"] += 1
@@ -136,6 +151,7 @@ def _on_worker_init(**_: Any) -> None:
     global _embedded
     if settings.embedded:
         _embedded = EmbeddedRedis(settings.home).acquire()
+    worker_context(settings).store.check_eviction()
     # Imported once in the parent so that forked pool processes share it.
     from celery_agents.llm import ensure_litellm
 

@@ -6,6 +6,7 @@ import os
 from typing import Any
 
 from celery_agents.runtime import StepResult, run_step
+from celery_agents.runtime.faults import checkpoint
 from celery_agents.tasks.celery_app import app, settings
 from celery_agents.tasks.config import STEP_TASK, Dispatcher
 from celery_agents.tasks.context import worker_context
@@ -34,5 +35,7 @@ def step(self: Any, session_id: str, expected_version: int, request: str = "") -
     result = run_step(
         ctx.store, session_id, int(expected_version), llm=ctx.llm, tools=ctx.tools, owner=owner, request=request or ""
     )
+    if result.outcome == "committed":
+        checkpoint("after_commit", ctx.store, session_id)
     publish_after_step(Dispatcher(app), session_id, result)
     return result.outcome

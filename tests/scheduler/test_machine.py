@@ -374,7 +374,6 @@ def test_duplicate_and_missing_call_ids_are_made_unique() -> None:
 
 
 @pytest.mark.timeout(3)
-@pytest.mark.xfail(strict=True, reason="BUG: call ids like ['a', 'a_2', 'a'] make the id normaliser loop forever")
 def test_normalising_ids_ends_when_the_renamed_id_is_taken_too() -> None:
     llm = ScriptedLlm(llm_turn(("a", "sync_a", "{}"), ("a_2", "sync_a", "{}"), ("a", "sync_a", "{}")))
     t = advance(snapshot(AGENT, [ask()]), ports(llm=llm))

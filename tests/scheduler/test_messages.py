@@ -248,7 +248,6 @@ def test_every_assistant_call_is_answered_before_the_next_assistant_message(n: i
     assert got == expected
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a non-image file a tool returned is sent as an image_url part")
 def test_a_file_a_tool_returned_is_sent_as_a_file_part() -> None:
     pdf = Media(mime_type="application/pdf", data_base64="JVBE", filename="report.pdf")
     turns = [

@@ -308,9 +308,6 @@ def test_global_pending_view_spans_sessions_oldest_first(any_store: Store) -> No
     assert [p.call_id for p in store.pending_view()] == ["b1"]
 
 
-@pytest.mark.xfail(
-    strict=True, reason="BUG: the global pending view orders one step's calls as strings: 1:10 before 1:2"
-)
 def test_global_pending_view_keeps_call_order_within_a_session(any_store: Store) -> None:
     store = any_store
     ids = [f"c{i:02d}" for i in range(12)]

@@ -4,13 +4,13 @@
 local K = {
   meta = KEYS[1], turns = KEYS[2], calls = KEYS[3], results = KEYS[4], pending = KEYS[5],
   journal = KEYS[6], events = KEYS[7], lease = KEYS[8],
-  sessions = KEYS[9], pending_all = KEYS[10], deadlines = KEYS[11], owed = KEYS[12],
+  sessions = KEYS[9], pending_all = KEYS[10], deadlines = KEYS[11], owed = KEYS[12], dispatched = KEYS[13],
 }
 local STATE_KEYS = {
-  ready = KEYS[13], tools = KEYS[14], waiting = KEYS[15],
-  completed = KEYS[16], failed = KEYS[17], cancelled = KEYS[18],
+  ready = KEYS[14], tools = KEYS[15], waiting = KEYS[16],
+  completed = KEYS[17], failed = KEYS[18], cancelled = KEYS[19],
 }
-local NKEYS = 18
+local NKEYS = 19
 local NOW = ARGV[1]
 local NOW_MS = math.floor(tonumber(ARGV[1]) * 1000)
 local MAXLEN = ARGV[2]
@@ -61,6 +61,7 @@ local function finish_call(field, outcome, event_kind, event_data)
   redis.call('HSET', K.results, field, outcome)
   redis.call('ZREM', K.pending_all, SID .. ' ' .. field)
   redis.call('ZREM', K.deadlines, SID .. ' ' .. field)
+  redis.call('ZREM', K.dispatched, SID .. ' ' .. field)
   emit(event_kind, event_data)
   local remaining = redis.call('SCARD', K.pending)
   local woken = 0

@@ -10,6 +10,7 @@ for field, outcome in pairs(outcomes) do
     redis.call('HSET', K.results, field, outcome)
     redis.call('ZREM', K.pending_all, SID .. ' ' .. field)
     redis.call('ZREM', K.deadlines, SID .. ' ' .. field)
+    redis.call('ZREM', K.dispatched, SID .. ' ' .. field)
   end
 end
 for j = NKEYS + 1, #KEYS do
@@ -19,6 +20,7 @@ end
 for _, field in ipairs(redis.call('SMEMBERS', K.pending)) do
   redis.call('ZREM', K.pending_all, SID .. ' ' .. field)
   redis.call('ZREM', K.deadlines, SID .. ' ' .. field)
+  redis.call('ZREM', K.dispatched, SID .. ' ' .. field)
 end
 redis.call('DEL', K.pending)
 redis.call('HSET', K.meta, 'status', 'cancelled', 'drive', 'manual')

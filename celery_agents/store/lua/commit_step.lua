@@ -3,7 +3,7 @@
 -- ARGV[4] = expected version, ARGV[5] = lease owner, ARGV[6] = control JSON:
 --   {n_turns, n_calls, head, state, status, response, error, usage, steps_inc, batch, batch_size,
 --    owe (a step is owed next if the session is auto-driven at commit time),
---    pending = [[field, created_ms]], tokens = [[field, expires_ms, call_id, tool, digest, reason]],
+--    pending = [[field, created_ms]], dispatched = [field], tokens = [[field, expires_ms, call_id, tool, digest, reason]],
 --    events = [[kind, data]], request}
 -- ARGV[7..] = n_turns turn JSONs, then n_calls pairs (field, call JSON).
 -- KEYS[NKEYS+1..] = one key per token, in the order of control.tokens.
@@ -26,6 +26,9 @@ end
 for _, p in ipairs(c.pending) do
   redis.call('SADD', K.pending, p[1])
   redis.call('ZADD', K.pending_all, p[2], SID .. ' ' .. p[1])
+end
+for _, field in ipairs(c.dispatched) do
+  redis.call('ZADD', K.dispatched, NOW_MS, SID .. ' ' .. field)
 end
 for j, t in ipairs(c.tokens) do
   redis.call('HSET', KEYS[NKEYS + j], 'session_id', SID, 'field', t[1], 'state', 'pending',

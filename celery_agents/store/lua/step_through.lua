@@ -1,4 +1,5 @@
--- Mark a session owed one explicit step (manual drive) and make it active if it had failed.
+-- Prepare one explicit step: make a failed session active again, and record the step as owed so
+-- that the sweeper publishes it again if its worker dies before committing.
 -- Returns the version the step must run at. ARGV[4] = steps to add when stopped by the step limit.
 local m = redis.call('HMGET', K.meta, 'status', 'version')
 if not m[1] then return {'missing'} end
@@ -11,4 +12,5 @@ if m[1] == 'failed' then
   redis.call('HSET', K.meta, 'status', 'active', 'error', '')
   set_state(state_from_head())
 end
+owe()
 return {'ok', tonumber(m[2])}

@@ -1,0 +1,46 @@
+"""The one checker every chaos test runs on every session it touched."""
+
+from __future__ import annotations
+
+from celery_agents.model import LlmTurn, UserTurn
+from celery_agents.store import Store
+
+
+def check_invariants(store: Store, sid: str, *, completed: bool = True) -> None:
+    """Turn order, one answer per call id in call order, versions strictly increasing, no owed step,
+    no orphaned token, nothing left pending, dispatched or journaled."""
+    h = store.header(sid)
+    turns = store.turns(sid)
+    assert turns and isinstance(turns[0], UserTurn) and turns[0].query is not None, "starts with the user's query"
+    for i, turn in enumerate(turns[1:], start=1):
+        prev = turns[i - 1]
+        assert type(turn) is not type(prev), f"turn {i} repeats {type(turn).__name__}"
+        if isinstance(turn, UserTurn):
+            assert isinstance(prev, LlmTurn) and prev.tool_calls, f"turn {i}: tool answers without calls"
+            assert [r.call_id for r in turn.tool_responses] == [c.id for c in prev.tool_calls], (
+                f"turn {i}: answers {[r.call_id for r in turn.tool_responses]} do not match the calls "
+                f"{[c.id for c in prev.tool_calls]} one for one, in order"
+            )
+    assert h.turn_count == len(turns)
+    commits = [e for e in store.read_events(sid) if e["type"] == "step_committed"]
+    froms = [e["from_version"] for e in commits]
+    assert froms == sorted(set(froms)), f"a version was committed twice: {froms}"
+    assert [e["version"] for e in commits] == [f + 1 for f in froms], "each commit bumps the version by one"
+    if commits:
+        assert h.version >= commits[-1]["version"]
+    calls = store.calls(sid)
+    assert len({c.field for c in calls}) == len(calls)
+    r = store.client
+    k = store.keys
+    if completed:
+        assert h.status.value == "completed", f"session {sid} ended {h.status.value}: {h.error}"
+        assert isinstance(turns[-1], LlmTurn) and not turns[-1].tool_calls
+        assert all(c.state.final for c in calls), "every call has a final outcome"
+        assert r.zscore(k.owed, sid) is None, "no step is owed"
+        assert r.scard(k.pending(sid)) == 0
+        assert not r.exists(k.journal(sid)), "no journal left behind"
+        assert not r.exists(k.lease(sid))
+        for member in r.zrange(k.dispatched, 0, -1) + r.zrange(k.pending_all, 0, -1) + r.zrange(k.deadlines, 0, -1):
+            assert not member.startswith(sid + " "), f"index entry left behind: {member}"
+        for key in r.scan_iter(match=k.session(sid, "tok:*")):
+            assert r.hget(key, "state") != "pending", f"orphaned token {key}"

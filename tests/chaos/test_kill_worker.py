@@ -1,0 +1,90 @@
+"""SIGKILL the whole worker (its process group) at the worst moments; a fresh worker must finish
+every session with nothing lost, duplicated or redone that was already done."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from celery_agents import Client
+from celery_agents.config import Settings
+from tests.chaos.conftest import Fleet, report
+from tests.chaos.invariants import check_invariants
+from tests.e2e.conftest import record_tool, runs, wait_for
+from tests.support.llm_server import LlmServer, Reply, calls, text
+
+pytestmark = pytest.mark.slow
+
+
+def conversation(delay_first: float = 0.0, sync_sleep: float = 0.0, async_sleep: float = 0.0) -> Any:
+    """Answers by the conversation's state, so a repeated request gets the same answer."""
+    state = {"n": 0}
+
+    def reply(body: dict[str, Any]) -> Reply:
+        state["n"] += 1
+        if body["messages"][-1]["role"] == "tool":
+            return text("done")
+        r = calls(("sync_tool", {"x": 1, "sleep": sync_sleep}), ("async_tool", {"x": 2, "sleep": async_sleep}))
+        r.delay = delay_first if state["n"] == 1 else 0.0
+        return r
+
+    return reply
+
+
+def agent(scenario: str, url: str, log: Path) -> dict[str, Any]:
+    return {
+        "slug": "chaos",
+        "model": f"openai/{scenario}",
+        "apiBase": url,
+        "tools": [record_tool("sync_tool", log), record_tool("async_tool", log)],
+        "toolCallPolicy": {"default": "runSync", "rules": [{"tool": "async_tool", "disposition": "runAsync"}]},
+    }
+
+
+CASES = {
+    # name: (conversation kwargs, worker env, what to wait for before the kill, model requests expected)
+    "during_llm_call": ({"delay_first": 30}, {}, "llm", 3),
+    "during_runsync_tool": ({"sync_sleep": 3}, {}, "sync_tool", 2),
+    "during_runasync_tool": ({"async_sleep": 3}, {}, "async_tool", 2),
+    "after_llm_journaled": ({}, {"AGENTS_FAULT_PAUSE": "after_llm_journal"}, "fault:after_llm_journal", 2),
+    "after_commit": ({}, {"AGENTS_FAULT_PAUSE": "after_commit"}, "fault:after_commit", 2),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_sigkill_whole_worker(
+    case: str, fleet: Fleet, chaos_settings: Settings, llm_server: LlmServer, write_agent: Any, tmp_path: Path
+) -> None:
+    kwargs, env, kill_at, expected_requests = CASES[case]
+    log = tmp_path / "runs.jsonl"
+    scenario = llm_server.scenario([conversation(**kwargs)])
+    path = write_agent(agent(scenario, llm_server.url, log))
+    doomed = fleet.start(**env)
+    with Client(chaos_settings, inline=False) as client:
+        store = client.store
+        sid = client.start(path, "go", run=True, wait=False).session_id
+        if kill_at == "llm":
+            wait_for(lambda: llm_server.count(scenario) == 1, what="the model call to start")
+        elif kill_at.startswith("fault:"):
+            wait_for(lambda: store.client.get(store.keys.fault(kill_at[6:])) == sid, what=f"checkpoint {kill_at}")
+        else:
+            wait_for(lambda: runs(log, kill_at, phase="start"), what=f"{kill_at} to start")
+        killed_at = time.monotonic()
+        doomed.kill()
+        fleet.start()
+        wait_for(lambda: store.header(sid).status.value != "active", timeout=90, what="a fresh worker to finish")
+        recovery = time.monotonic() - killed_at
+        check_invariants(store, sid)
+        assert store.header(sid).response == "done"
+        answers = store.turns(sid)[2].tool_responses
+        assert [a.tool for a in answers] == ["sync_tool", "async_tool"]
+    assert llm_server.count(scenario) == expected_requests, "a journaled model response is never requested again"
+    starts = {t: runs(log, t, phase="start") for t in ("sync_tool", "async_tool")}
+    for tool, rows in starts.items():
+        interrupted = kill_at == tool
+        assert len(rows) == (2 if interrupted else 1), f"{tool} ran {len(rows)} times"
+        assert len({r["key"] for r in rows}) == 1, "a re-run keeps the idempotency key"
+    report(case, recovery_s=round(recovery, 2), model_requests=llm_server.count(scenario))
