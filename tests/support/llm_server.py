@@ -7,6 +7,7 @@ many tests and worker processes at once. Every request is recorded.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -148,9 +149,7 @@ class LlmServer:
                 for k, v in reply.headers.items():
                     self.send_header(k, v)
                 self.end_headers()
-                try:
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the caller went away
                     self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the caller went away (a killed worker)
 
         return Handler
