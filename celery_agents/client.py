@@ -194,6 +194,7 @@ class Client:
         version = store.prepare_step(session_id)
         if self.inline:
             after = store.last_event_id(session_id)
+            self._run_orphaned_calls(session_id)
             self._step_inline(session_id, version)
             self._replay(session_id, after, on_event)
             return self.view(session_id)
@@ -272,22 +273,41 @@ class Client:
         return not self.inline or bool(self.store.live_workers())
 
     def _step_inline(self, session_id: str, version: int) -> str:
-        from celery_agents.runtime import run_call, run_step
+        from celery_agents.runtime import run_step
 
-        llm, tools, isolated = self._ports()
+        llm, tools, _ = self._ports()
         result = run_step(self.store, session_id, version, llm=llm, tools=tools, owner=self.owner)
         if result.outcome == "busy":
             raise SessionNotAdvanceable(
                 f"session {session_id} is running a step elsewhere; try again when it ends", session_id=session_id
             )
         for call in result.dispatch:
-            run_call(
-                self.store, session_id, call.field, isolated if call.disposition == "runIsolated" else tools, self.owner
-            )
+            self._run_dispatched(session_id, call.field, call.disposition)
         return result.outcome
+
+    def _run_dispatched(self, session_id: str, field: str, disposition: str) -> None:
+        from celery_agents.runtime import run_call
+
+        _, tools, isolated = self._ports()
+        run_call(self.store, session_id, field, isolated if disposition == "runIsolated" else tools, self.owner)
+
+    def _run_orphaned_calls(self, session_id: str) -> None:
+        """Dispatched calls nobody runs (this process died before running them, and no worker is
+        there to take them) run here before the session moves on."""
+        store = self.store
+        orphans = [
+            c
+            for c in store.pending_calls(session_id)
+            if c.disposition in ("runAsync", "runIsolated")
+            and not store.client.exists(store.keys.call_lease(session_id, c.field))
+        ]
+        if orphans and not store.live_workers():
+            for c in orphans:
+                self._run_dispatched(session_id, c.field, c.disposition)
 
     def _drive_inline(self, session_id: str, on_event: EventHook | None = None, after: str = "0-0") -> None:
         store = self.store
+        self._run_orphaned_calls(session_id)
         while True:
             h = store.header(session_id)
             if h.status != Status.ACTIVE or h.drive != "auto" or h.state not in (State.READY, State.TOOLS):

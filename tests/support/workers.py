@@ -92,6 +92,12 @@ class Worker:
         except ProcessLookupError:
             pass
 
+    def terminate(self, timeout: float = 60) -> int:
+        """SIGTERM to the main process only, as `docker stop` or systemd send it; waits for exit."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=timeout)
+
     def kill(self) -> None:
         self.stop(signal.SIGKILL, timeout=10)
 
