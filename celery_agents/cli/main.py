@@ -99,6 +99,13 @@ def _print_view(view: Any, as_json: bool, thinking: Thinking = Thinking.none, an
         out.print(view.response, markup=False)
 
 
+def _exit_if_ended_badly(view: Any) -> None:
+    """A command that advanced a session succeeds when it yielded or completed; one that ended
+    failed or cancelled exits 5 (the view printed says why, in its `error`)."""
+    if view.state.value in ("failed", "cancelled"):
+        raise typer.Exit(5)
+
+
 def _print_thinking(view: Any, thinking: Thinking) -> None:
     from celery_agents.cli.output import err, out
 
@@ -138,6 +145,7 @@ def run(agent_file: AgentOpt, prompt: PromptOpt = None, file: FileOpt = None, me
         if thinking != Thinking.none:
             view = client.view(view.session_id, detail=True)
         _print_view(view, as_json, thinking, answer_to_stdout=True)
+        _exit_if_ended_badly(view)
 
 
 @session_app.command("start")
@@ -158,6 +166,7 @@ def session_start(agent_file: AgentOpt, prompt: PromptOpt = None, file: FileOpt 
         if thinking != Thinking.none:
             view = client.view(view.session_id, detail=True)
         _print_view(view, as_json, thinking)
+        _exit_if_ended_badly(view)
 
 
 @session_app.command("step")
@@ -171,6 +180,7 @@ def session_step(session_id: SessionArg, as_json: JsonOpt = False, wait: WaitOpt
         if thinking != Thinking.none:
             view = client.view(view.session_id, detail=True)
         _print_view(view, as_json, thinking)
+        _exit_if_ended_badly(view)
 
 
 @session_app.command("resume")
@@ -184,6 +194,7 @@ def session_resume(session_id: SessionArg, as_json: JsonOpt = False, wait: WaitO
         if thinking != Thinking.none:
             view = client.view(view.session_id, detail=True)
         _print_view(view, as_json, thinking)
+        _exit_if_ended_badly(view)
 
 
 @session_app.command("pause")
@@ -194,7 +205,7 @@ def session_pause(session_id: SessionArg, as_json: JsonOpt = False) -> None:
 
 
 @session_app.command("pending")
-def session_pending(session_id: Annotated[Optional[str], typer.Argument(help="A session id; all sessions if omitted.", metavar="[ID]")] = None,
+def session_pending(session_id: Annotated[Optional[str], typer.Argument(help="A session id; all sessions if omitted.", metavar="ID")] = None,
                     limit: Annotated[int, typer.Option("--limit", help="At most N calls (all sessions).", min=1)] = 1000,
                     as_json: JsonOpt = False) -> None:
     """List unfinished calls (deferred ones with their tokens) of one session, or of all."""

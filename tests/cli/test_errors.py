@@ -13,8 +13,8 @@ import pytest
 import redis
 
 from tests.cli.probe import write_probe_agent
-from tests.cli.process import agents, check_error, cli_env, ok, poll, snapshot
-from tests.support.llm_server import LlmServer, Reply, calls, text
+from tests.cli.process import agents, check_error, check_view, cli_env, ok, poll, snapshot
+from tests.support.llm_server import LlmServer, Reply, calls, error, text
 from tests.support.redis_server import free_port
 
 pytestmark = pytest.mark.usefixtures("cli_worker")
@@ -195,6 +195,21 @@ def test_session_not_advanceable(probe: Path, qenv: dict[str, str], tmp_path: Pa
         for command in ("step", "resume"):
             check_error(agents("session", command, completed, "--json", env=qenv), "session_not_advanceable")
         check_error(agents("session", "step", completed, "--inline", "--json", env=qenv), "session_not_advanceable")
+
+
+def test_a_session_that_fails_exits_5_with_its_view(llm_server: LlmServer, qenv: dict[str, str],
+                                                    tmp_path: Path) -> None:
+    """The model refuses the key: not a success for a script, and the view says why and what next."""
+    scenario = llm_server.scenario([error(401, "invalid api key"), text("fixed")])
+    agent, _ = write_probe_agent(tmp_path, scenario, llm_server.url)
+    run = agents("run", "--agent-file", agent, "-p", "hi", "--json", env=qenv)
+    assert run.returncode == 5, str(run)
+    view = check_view(run.doc)
+    assert view["state"] == "failed" and view["error"]["code"] == "auth_error"
+    assert "invalid api key" in view["error"]["message"]
+    retried = agents("session", "step", view["session_id"], "--json", env=qenv)  # the cause is gone
+    assert check_view(ok(retried))["state"] == "completed"
+    assert ok(agents("session", "show", view["session_id"], "--json", env=qenv))["response"] == "fixed"
 
 
 def test_redis_unavailable(probe: Path, tmp_path: Path) -> None:
