@@ -1,0 +1,432 @@
+"""The benchmark: celery-agents against plain Celery, in one run, on one Redis, same worker count.
+
+    python bench/run.py [--json] [--quick] [--workers N]
+
+Starts a private redis-server on a free port (or uses `AGENTS_REDIS_URL`), then measures in turn:
+
+1. bytes written by the commit of step 2 and step 200 of one long session (inline, no workers);
+2. plain Celery (`bench/bare_celery.py`, N prefork processes): a no-op task's round trip (publish
+   → the task's `RPUSH` seen by BLPOP) and no-op tasks completed per second;
+3. celery-agents (`agents worker`, N prefork processes) with the offline demo model answering at
+   once and no tools: a step's round trip (`Dispatcher.step` → `step_committed` on the session's
+   stream) and steps committed per second across many sessions;
+4. completion to next step started: sessions of an agent with one external tool, auto-driven until
+   they wait on its token; each completed with `XADD <prefix>:completions`, timed to the session's
+   `step_started` event (`at`, the worker's clock) from just before the XADD (the bench's clock:
+   the same machine); while they wait, `agents session pending --json` wall time.
+
+Prints one JSON object (`--json`) or a table. Every process it starts is ended on exit and on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.metadata
+import json
+import os
+import platform
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import redis
+
+from bench.processes import Processes, agents_env, time_cli, tree_cpu_seconds, wait_heartbeat
+from bench.write_growth import measure as measure_write_growth
+
+STEP_AGENT: dict[str, Any] = {"slug": "bench", "model": "demo/bench"}
+DEFER_AGENT: dict[str, Any] = {
+    "slug": "bench-defer",
+    "model": "demo/bench",
+    "tools": [
+        {
+            "name": "book_table",
+            "description": "Book a restaurant table; a person confirms.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+            "external": True,
+        }
+    ],
+}
+DEFER_PROMPT = "Please book a table in Paris."
+
+
+class Sizes:
+    def __init__(self, quick: bool) -> None:
+        self.quick = quick
+        self.warmup = 10 if quick else 30
+        self.latency = 60 if quick else 500
+        self.throughput = 300 if quick else 4000
+        self.completions = 30 if quick else 200
+        self.cli_runs = 3 if quick else 7
+        self.growth_steps = 200
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100)."""
+    ordered = sorted(values)
+    k = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))
+    return ordered[k]
+
+
+def summary(name: str, values_ms: list[float]) -> dict[str, float]:
+    return {f"{name}_p50_ms": percentile(values_ms, 50), f"{name}_p99_ms": percentile(values_ms, 99)}
+
+
+def wait_until(check: Callable[[], bool], timeout: float, what: str, poll: float = 0.01) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(poll)
+
+
+def command_counts(client: redis.Redis) -> dict[str, int]:
+    return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in client.info("commandstats").items()}
+
+
+def command_delta(before: dict[str, int], after: dict[str, int], per: int) -> tuple[float, dict[str, float]]:
+    delta = {k: after[k] - before.get(k, 0) for k in after if after[k] - before.get(k, 0) > 0}
+    for noise in ("info", "llen", "zcard"):  # the bench's own polling
+        delta.pop(noise, None)
+    return sum(delta.values()) / per, {k: round(v / per, 2) for k, v in sorted(delta.items(), key=lambda kv: -kv[1])}
+
+
+class CpuSplit:
+    """CPU time spent per task by the worker (parent and pool processes), redis-server and this
+    process (publishing and polling), between `start` and `per_task`."""
+
+    def __init__(self, procs: Processes, worker_pid: int) -> None:
+        self.pids = {"worker": worker_pid, "redis": procs.redis_pid}
+        self.start = self._now()
+
+    def _now(self) -> dict[str, float]:
+        now = {name: tree_cpu_seconds(pid) for name, pid in self.pids.items() if pid}
+        now["bench"] = time.process_time()
+        return now
+
+    def per_task(self, n: int) -> dict[str, float]:
+        end = self._now()
+        return {k: round((end[k] - self.start[k]) * 1000 / n, 3) for k in end}
+
+
+# -- plain Celery ---------------------------------------------------------------------------------
+def bench_bare(procs: Processes, url: str, prefix: str, workers: int, sizes: Sizes) -> dict[str, Any]:
+    from bench.bare_celery import NOOP_TASK, QUEUE, done_key, make_bare_app
+    from celery_agents.config import Settings
+
+    client = redis.Redis.from_url(url, decode_responses=True)
+    app = make_bare_app(Settings(redis_url=url, prefix=prefix))
+    key = done_key(prefix)
+    name = f"bare-{prefix}@bench"
+    worker = procs.bare_worker(agents_env(url, prefix), workers, name)
+
+    def send(tag: str) -> None:
+        app.send_task(NOOP_TASK, args=(tag,), queue=QUEUE)
+
+    try:
+        client.delete(key)
+        send("ready")
+        if client.blpop([key], timeout=90) is None:
+            raise RuntimeError(f"the bare Celery worker did not start:\n{procs.log_tail(name.split('@')[0])}")
+        for i in range(sizes.warmup):
+            send(f"w{i}")
+            client.blpop([key], timeout=30)
+        rtts = []
+        for i in range(sizes.latency):
+            t0 = time.perf_counter()
+            send(f"l{i}")
+            if client.blpop([key], timeout=30) is None:
+                raise TimeoutError("a no-op task did not finish within 30 s")
+            rtts.append((time.perf_counter() - t0) * 1000)
+        client.delete(key)
+        n = sizes.throughput
+        before = command_counts(client)
+        cpu = CpuSplit(procs, worker.pid)
+        t0 = time.perf_counter()
+        for i in range(n):
+            send(f"t{i}")
+        wait_until(lambda: client.llen(key) >= n, 300, f"{n} no-op tasks")
+        elapsed = time.perf_counter() - t0
+        cpu_ms = cpu.per_task(n)
+        per_task, detail = command_delta(before, command_counts(client), n)
+    finally:
+        procs.stop(worker, name)
+        with contextlib.suppress(Exception):
+            app.close()
+    return {
+        "bare_celery_tasks_per_s": n / elapsed,
+        **{k.replace("rt_", "bare_celery_roundtrip_"): v for k, v in summary("rt", rtts).items()},
+        "bare_celery_redis_commands_per_task": per_task,
+        "bare_celery_cpu_ms_per_task": cpu_ms,
+        "bare_celery_redis_commands_detail": detail,
+    }
+
+
+# -- celery-agents --------------------------------------------------------------------------------
+class Agents:
+    """The bench's view of celery-agents on the benchmark's Redis: a store and a dispatcher."""
+
+    def __init__(self, url: str, prefix: str) -> None:
+        from celery_agents.config import Settings
+        from celery_agents.model import parse_agent
+        from celery_agents.store import Store, client_for_url
+        from celery_agents.tasks.config import Dispatcher, make_app
+
+        self.settings = Settings(redis_url=url, prefix=prefix)
+        self.store = Store(client_for_url(url), self.settings)
+        self.client: Any = self.store.client
+        self.app = make_app(self.settings, main="bench_client")
+        self.dispatcher = Dispatcher(self.app)
+        self.step_agent = parse_agent(STEP_AGENT)
+        self.defer_agent = parse_agent(DEFER_AGENT)
+
+    def create(self, n: int, *, agent: Any, text: str, drive: str = "manual", owe: bool = False) -> list[str]:
+        from celery_agents.model import UserQuery
+
+        query = UserQuery(text=text)
+        return [self.store.create_session(agent, query, drive=drive, owe=owe).session_id for _ in range(n)]
+
+    def wait_event(self, sid: str, after: str, kinds: set[str], timeout: float = 30) -> tuple[str, dict[str, str]]:
+        """The first event of one of `kinds` after `after`; a `failed` event is an error."""
+        key = self.store.keys.events(sid)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            res = self.client.xread({key: after}, block=int(timeout * 1000), count=50)
+            for eid, fields in res[0][1] if res else []:
+                after = eid
+                if fields.get("type") in kinds:
+                    return eid, fields
+                if fields.get("type") == "failed":
+                    raise RuntimeError(f"session {sid} failed: {fields.get('data')}")
+        raise TimeoutError(f"no {sorted(kinds)} event of session {sid} within {timeout} s")
+
+    def step_roundtrip(self, sid: str, parts: dict[str, list[float]] | None = None) -> float:
+        """Publish → `step_committed` seen (ms); `parts` gets publish → `step_started` (the worker's
+        clock), `step_started` → `step_committed` (the step's work) and the rest (seeing it)."""
+        after = self.store.last_event_id(sid)
+        t_wall = time.time()
+        t0 = time.perf_counter()
+        self.dispatcher.step(sid, 1, "bench")
+        eid, started = self.wait_event(sid, after, {"step_started"})
+        _, committed = self.wait_event(sid, eid, {"step_committed"})
+        total = (time.perf_counter() - t0) * 1000
+        if parts is not None:
+            pickup = (float(started["at"]) - t_wall) * 1000
+            work = (float(committed["at"]) - float(started["at"])) * 1000
+            parts.setdefault("pickup", []).append(pickup)
+            parts.setdefault("work", []).append(work)
+            parts.setdefault("seen", []).append(total - pickup - work)
+        return total
+
+    def close(self) -> None:
+        self.client.close()
+        with contextlib.suppress(Exception):
+            self.app.close()
+
+
+def bench_agents(procs: Processes, url: str, prefix: str, workers: int, sizes: Sizes) -> dict[str, Any]:
+    agents = Agents(url, prefix)
+    keys = agents.store.keys
+    name = f"agents-{prefix}@bench"
+    worker = procs.agents_worker(agents_env(url, prefix), workers, name)
+    out: dict[str, Any] = {}
+    try:
+        wait_heartbeat(agents.client, prefix, name, worker)
+        warm = agents.create(sizes.warmup, agent=agents.step_agent, text="Hello")
+        for sid in warm:
+            agents.step_roundtrip(sid)
+        lat = agents.create(sizes.latency, agent=agents.step_agent, text="Hello")
+        parts: dict[str, list[float]] = {}
+        rtts = [agents.step_roundtrip(s, parts) for s in lat]
+        out.update({k.replace("st_", "step_latency_"): v for k, v in summary("st", rtts).items()})
+        out["step_latency_parts_p50_ms"] = {k: round(percentile(v, 50), 3) for k, v in parts.items()}
+
+        n = sizes.throughput
+        sids = agents.create(n, agent=agents.step_agent, text="Hello")
+        done_before = agents.client.zcard(keys.state_index("completed"))
+        before = command_counts(agents.client)
+        cpu = CpuSplit(procs, worker.pid)
+        t0 = time.perf_counter()
+        for sid in sids:
+            agents.dispatcher.step(sid, 1, "bench")
+        wait_until(lambda: agents.client.zcard(keys.state_index("completed")) - done_before >= n, 600, f"{n} steps")
+        elapsed = time.perf_counter() - t0
+        out["cpu_ms_per_step"] = cpu.per_task(n)
+        per_step, detail = command_delta(before, command_counts(agents.client), n)
+        failed = agents.client.zcard(keys.state_index("failed"))
+        if failed:
+            raise RuntimeError(f"{failed} sessions failed during the throughput run")
+        out.update(steps_per_s=n / elapsed, redis_commands_per_step=per_step, redis_commands_per_step_detail=detail)
+        out.update(bench_completions(agents, url, prefix, sizes))
+    finally:
+        procs.stop(worker, name)
+        agents.close()
+    return out
+
+
+def bench_completions(agents: Agents, url: str, prefix: str, sizes: Sizes) -> dict[str, Any]:
+    keys = agents.store.keys
+    m = sizes.completions
+    waiting_before = agents.client.zcard(keys.state_index("waiting"))
+    sids = agents.create(m, agent=agents.defer_agent, text=DEFER_PROMPT, drive="auto", owe=True)
+    for sid in sids:
+        agents.dispatcher.step(sid, 1, "drive")
+    wait_until(
+        lambda: agents.client.zcard(keys.state_index("waiting")) - waiting_before >= m, 300, f"{m} sessions to wait"
+    )
+    env = agents_env(url, prefix)
+    every = time_cli(["session", "pending", "--json"], env, sizes.cli_runs)
+    one = time_cli(["session", "pending", sids[0], "--json"], env, sizes.cli_runs)
+    tokens = {p.session_id: p.token for p in agents.store.pending_view(limit=m + 100) if p.token}
+    by_clock, by_ids = [], []
+    for sid in sids:
+        after = agents.store.last_event_id(sid)
+        t_wall = time.time()
+        entry = agents.client.xadd(keys.completions, {"token": tokens[sid], "result": '{"booked": true}'})
+        eid, fields = agents.wait_event(sid, after, {"step_started"})
+        by_clock.append((float(fields["at"]) - t_wall) * 1000)
+        by_ids.append(float(int(eid.split("-")[0]) - int(entry.split("-")[0])))
+        agents.wait_event(sid, eid, {"step_committed"})  # the next sample starts on idle workers
+    return {
+        **{k.replace("cs_", "complete_to_step_"): v for k, v in summary("cs", by_clock).items()},
+        "complete_to_step_p50_ms_by_stream_ids": percentile(by_ids, 50),
+        "complete_to_step_samples": m,
+        "cli_pending_wall_ms": every["median_ms"],
+        "cli_pending_wall_ms_min": every["min_ms"],
+        "cli_pending_listed": len((every["output"] or {}).get("pending", [])),
+        "cli_pending_one_session_wall_ms": one["median_ms"],
+        "cli_pending_runs": sizes.cli_runs,
+    }
+
+
+# -- the run --------------------------------------------------------------------------------------
+def versions(url: str) -> dict[str, Any]:
+    def v(dist: str) -> str:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return "absent"
+
+    client = redis.Redis.from_url(url)
+    server = client.info("server").get("redis_version", "?")
+    client.close()
+    return {
+        "cores": os.cpu_count(),
+        "cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "python": platform.python_version(),
+        "celery": v("celery"),
+        "kombu": v("kombu"),
+        "redis_py": v("redis"),
+        "redis_server": server,
+        "litellm": v("litellm"),
+        "pydantic": v("pydantic"),
+        "celery_agents": v("celery-agents"),
+    }
+
+
+def run(quick: bool, workers: int) -> dict[str, Any]:
+    sizes = Sizes(quick)
+    prefix = f"bench{uuid.uuid4().hex[:8]}"
+    started = time.perf_counter()
+    with Processes() as procs:
+        url = os.environ.get("AGENTS_REDIS_URL") or procs.redis_server()
+        result: dict[str, Any] = {"quick": quick, "workers": workers, "prefix": prefix}
+        result["load_average_1m_at_start"] = os.getloadavg()[0]
+        growth = measure_write_growth(url, prefix, sizes.growth_steps)
+        result.update(bench_bare(procs, url, prefix, workers, sizes))
+        result.update(bench_agents(procs, url, prefix, workers, sizes))
+        result.update(growth)
+        result["step_throughput_ratio"] = result["steps_per_s"] / result["bare_celery_tasks_per_s"]
+        result["step_latency_ratio"] = result["step_latency_p50_ms"] / result["bare_celery_roundtrip_p50_ms"]
+        result["step_latency_p99_ratio"] = result["step_latency_p99_ms"] / result["bare_celery_roundtrip_p99_ms"]
+        result["samples"] = {
+            "roundtrip": sizes.latency,
+            "throughput": sizes.throughput,
+            "completions": sizes.completions,
+            "cli_runs": sizes.cli_runs,
+        }
+        result.update(versions(url))
+        result["load_average_1m_at_end"] = os.getloadavg()[0]
+        result["redis"] = "AGENTS_REDIS_URL" if os.environ.get("AGENTS_REDIS_URL") else "private redis-server"
+    result["wall_s"] = round(time.perf_counter() - started, 1)
+    return result
+
+
+GOALS = [
+    ("step_throughput_ratio", ">=", 0.5),
+    ("step_latency_ratio", "<=", 2.0),
+    ("complete_to_step_p50_ms", "<", 10.0),
+    ("write_growth_ratio", "<", 1.5),
+    ("cli_pending_wall_ms", "<", 500.0),
+]
+
+
+def render(result: dict[str, Any]) -> str:
+    rows = [
+        ("plain Celery no-op tasks/s", result["bare_celery_tasks_per_s"], ""),
+        ("celery-agents steps/s", result["steps_per_s"], ""),
+        ("  throughput ratio (goal >= 0.5)", result["step_throughput_ratio"], ""),
+        (
+            "plain Celery round trip p50 / p99",
+            result["bare_celery_roundtrip_p50_ms"],
+            result["bare_celery_roundtrip_p99_ms"],
+        ),
+        ("step round trip p50 / p99", result["step_latency_p50_ms"], result["step_latency_p99_ms"]),
+        ("  latency ratio p50 (goal <= 2)", result["step_latency_ratio"], ""),
+        *[(f"  step {k} p50 (ms)", v, "") for k, v in result["step_latency_parts_p50_ms"].items()],
+        ("completion -> step started p50 / p99", result["complete_to_step_p50_ms"], result["complete_to_step_p99_ms"]),
+        ("bytes written, commit of step 2 / 200", result["bytes_written_step_2"], result["bytes_written_step_200"]),
+        ("  write growth ratio (goal < 1.5)", result["write_growth_ratio"], ""),
+        ("agents session pending --json (ms)", result["cli_pending_wall_ms"], ""),
+        (
+            "Redis commands per no-op task / step",
+            result["bare_celery_redis_commands_per_task"],
+            result["redis_commands_per_step"],
+        ),
+        (
+            "CPU ms per task / step: worker",
+            result["bare_celery_cpu_ms_per_task"].get("worker", 0.0),
+            result["cpu_ms_per_step"].get("worker", 0.0),
+        ),
+    ]
+    lines = [
+        f"celery-agents benchmark ({'quick' if result['quick'] else 'full'}; {result['workers']} worker processes; "
+        f"{result['cores']} cores; redis-server {result['redis_server']})"
+    ]
+    for label, a, b in rows:
+        fa = f"{a:,.2f}" if isinstance(a, float) else str(a)
+        fb = f"{b:,.2f}" if isinstance(b, float) else str(b)
+        lines.append(f"  {label:<42} {fa:>12} {fb:>12}")
+    missed = [f"{k} {op} {lim}" for k, op, lim in GOALS if not _meets(result[k], op, lim)]
+    lines.append("  goals: " + ("all met" if not missed else "not met: " + "; ".join(missed)))
+    return "\n".join(lines)
+
+
+def _meets(value: float, op: str, limit: float) -> bool:
+    return {">=": value >= limit, "<=": value <= limit, "<": value < limit}[op]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--quick", action="store_true", help="a short run (< 60 s) for CI smoke tests")
+    parser.add_argument("--workers", type=int, default=2, help="prefork processes for both (default 2)")
+    args = parser.parse_args(argv)
+    try:
+        result = run(args.quick, args.workers)
+    except KeyboardInterrupt:
+        print("interrupted; every process the benchmark started was stopped", file=sys.stderr)
+        return 130
+    print(json.dumps(result, indent=2) if args.json else render(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

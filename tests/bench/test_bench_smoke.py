@@ -1,0 +1,55 @@
+"""The benchmark runs end to end in its short form and prints every key of the contract.
+
+No figure is judged here (CI machines are shared and noisy): only that each key is a number.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CONTRACT_KEYS = (
+    "bare_celery_tasks_per_s",
+    "steps_per_s",
+    "step_throughput_ratio",
+    "bare_celery_roundtrip_p50_ms",
+    "step_latency_p50_ms",
+    "step_latency_ratio",
+    "complete_to_step_p50_ms",
+    "bytes_written_step_2",
+    "bytes_written_step_200",
+    "write_growth_ratio",
+    "cli_pending_wall_ms",
+)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_quick_benchmark_prints_every_contract_key() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTS_")}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "run.py"), "--quick", "--json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout)
+    missing = [k for k in CONTRACT_KEYS if k not in result]
+    assert not missing, f"missing keys: {missing}"
+    for key in CONTRACT_KEYS:
+        value = result[key]
+        assert isinstance(value, int | float) and not isinstance(value, bool), (key, value)
+        assert math.isfinite(value), (key, value)
+    assert result["step_latency_p99_ms"] >= result["step_latency_p50_ms"]
+    assert result["bare_celery_roundtrip_p99_ms"] >= result["bare_celery_roundtrip_p50_ms"]
