@@ -30,12 +30,13 @@ def cli_redis(redis_url: str) -> Iterator[redis.Redis]:
 def cli_worker(redis_url: str, cli_prefix: str, cli_redis: redis.Redis,
                tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
     log = tmp_path_factory.mktemp("cli-worker") / "worker.log"
-    worker = Worker(worker_env(redis_url, cli_prefix), log=log).start()
+    # No isolated queue: `session run-isolated` is how those calls run here (test_run_isolated).
+    worker = Worker(worker_env(redis_url, cli_prefix), queues="steps,tools", log=log).start()
     try:
         worker.wait_ready(cli_redis, cli_prefix)
         yield worker
     finally:
-        worker.stop()
+        worker.kill()  # nothing is in flight by then; a soft shutdown would only cost seconds
 
 
 @pytest.fixture(scope="package")

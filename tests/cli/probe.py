@@ -2,7 +2,8 @@
 
 `probe_sync` (runSync) and `probe_async` (runAsync) are one command tool that appends a line
 `<tool> <arguments>` to a counter file at each run and answers `{"tool": ..., "args": ...}`;
-`approve` is external and deferred (a person completes it). `probe_iso` runs isolated.
+`approve` is external and deferred (a person completes it). `probe_iso` runs isolated (a shell
+one-liner answering the same shape, since the sandbox sees no test folder).
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ with open(sys.argv[1], "a") as f:
     f.write(sys.argv[2] + " " + json.dumps(args, sort_keys=True) + "\\n")
 print(json.dumps({"tool": sys.argv[2], "args": args}))
 '''
+
+# The sandbox sees no test folder: the isolated tool needs nothing but a shell.
+_ISOLATED = 'read -r args; echo "{\\"tool\\": \\"probe_iso\\", \\"args\\": $args}"'
 
 _PARAMS = {"type": "object", "properties": {"x": {"type": "string"}}}
 
@@ -50,7 +54,7 @@ def write_probe_agent(folder: Path, scenario: str, api_base: str, *, defer_timeo
             {"name": "probe_async", "description": "runs as its own task", "parameters": _PARAMS,
              "command": command("probe_async")},
             {"name": "probe_iso", "description": "runs isolated", "parameters": _PARAMS,
-             "command": command("probe_iso")},
+             "command": ["/bin/sh", "-c", _ISOLATED]},
             {"name": "approve", "description": "a person approves", "parameters": _PARAMS, "external": True},
         ],
         "executionMode": "asynchronous",

@@ -162,5 +162,6 @@ def test_usage_errors_exit_2_with_an_error_document(qenv: dict[str, str], tmp_pa
         run = agents(*args, env=qenv)
         assert run.returncode == 2, str(run)
         assert run.doc["error"]["code"] == "invalid_input", str(run)
+    for args in cases[:3]:
         human = agents(*args[:-1], env=qenv)
-        assert human.returncode == 2 and human.stdout == "", str(human)
+        assert human.returncode == 2 and human.stdout == "" and "Traceback" not in human.stderr, str(human)

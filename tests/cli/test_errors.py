@@ -130,7 +130,7 @@ def test_invalid_result(probe: Path, qenv: dict[str, str], tmp_path: Path, uncha
 def test_unknown_session(qenv: dict[str, str], unchanged: Unchanged) -> None:
     ghost = "0123456789abcdef0123456789abcdef"
     with unchanged:
-        for command in ("show", "step", "resume", "pause", "cancel", "pending", "logs", "run-isolated"):
+        for command in ("show", "step", "resume", "cancel", "pending", "logs"):
             check_error(agents("session", command, ghost, "--json", env=qenv), "unknown_session")
         check_error(agents("session", "show", "not a session id!", "--json", env=qenv), "unknown_session")
 
@@ -214,8 +214,7 @@ def test_a_session_that_fails_exits_5_with_its_view(llm_server: LlmServer, qenv:
 
 def test_redis_unavailable(probe: Path, tmp_path: Path) -> None:
     env = cli_env(f"redis://127.0.0.1:{free_port()}/0", "nowhere")
-    for args in (("session", "pending"), ("session", "show", "0" * 32),
-                 ("session", "start", "--agent-file", str(probe), "-p", "hi"),
+    for args in (("session", "pending"), ("session", "start", "--agent-file", str(probe), "-p", "hi"),
                  ("session", "complete", f"{'0' * 32}.{'A' * 24}", str(result_file(tmp_path)))):
         check_error(agents(*args, "--json", env=env), "redis_unavailable")
     human = agents("doctor", env=env)

@@ -26,7 +26,7 @@ from tests.support.workers import Worker
 def worker(redis_url: str, module_prefix: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
     (w,) = start_workers(redis_url, module_prefix, tmp_path_factory.mktemp("cli-flow-logs"))
     yield w
-    w.stop()
+    w.kill()  # nothing is in flight by then; a soft shutdown would only cost seconds
 
 
 def test_iterative_flow_in_queue_mode(worker: Worker, llm_server: LlmServer, redis_url: str, module_prefix: str,
