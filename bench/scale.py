@@ -173,7 +173,7 @@ def used_memory(client: Any) -> int:
     return int(client.info("memory")["used_memory"])
 
 
-def run(n: int, cli_runs: int) -> dict[str, Any]:
+def run(n: int, cli_runs: int, config: dict[str, str] | None = None) -> dict[str, Any]:
     from celery_agents.config import Settings
     from celery_agents.store import Store, client_for_url
 
@@ -181,6 +181,8 @@ def run(n: int, cli_runs: int) -> dict[str, Any]:
     with Processes() as procs:
         url = os.environ.get("AGENTS_REDIS_URL") or procs.redis_server()
         store = Store(client_for_url(url), Settings(redis_url=url, prefix=prefix))
+        for name, value in (config or {}).items():
+            store.client.config_set(name, value)
         factory = SessionFactory(store)
         base = used_memory(store.client)
         first = min(1000, n) - 1  # the template session counts as one
@@ -203,6 +205,7 @@ def run(n: int, cli_runs: int) -> dict[str, Any]:
             f"at_{n}": large,
             "cli_runs": cli_runs,
             "redis_server": store.client.info("server")["redis_version"],
+            "redis_config": config or {},
             "cores": os.cpu_count(),
         }
         store.client.close()
@@ -214,11 +217,19 @@ def main() -> int:
     parser.add_argument("--sessions", type=int, default=100_000)
     parser.add_argument("--cli-runs", type=int, default=5)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="CONFIG SET on the Redis first, e.g. stream-node-max-bytes=1024 (repeatable)",
+    )
     args = parser.parse_args()
+    config = dict(c.split("=", 1) for c in args.config)
     if args.sessions < 1001:
         parser.error("--sessions must be above 1000 (the first figures are taken at 1,000)")
     try:
-        result = run(args.sessions, args.cli_runs)
+        result = run(args.sessions, args.cli_runs, config)
     except KeyboardInterrupt:
         print("interrupted; every process the script started was stopped", file=sys.stderr)
         return 130
