@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.cli.probe import runs, tool_messages, write_probe_agent
-from tests.cli.process import DEMO_AGENT, agents, check_completion, check_view, cli_env, ok, poll
+from tests.cli.process import CLI, DEMO_AGENT, agents, check_completion, check_view, cli_env, ok, poll
 from tests.e2e.conftest import start_workers
 from tests.support.llm_server import LlmServer, calls, text
 from tests.support.workers import Worker
@@ -147,3 +148,19 @@ def test_iterative_flow_on_the_embedded_default(tmp_path: Path) -> None:
     assert pid is None or poll(lambda: not _alive(pid), "the embedded redis-server to stop", timeout=10)
     again = ok(agents("session", "list", "--json", env=env))
     assert [v["session_id"] for v in again["sessions"]] == [sid]
+
+
+def test_parallel_commands_share_one_embedded_server(tmp_path: Path) -> None:
+    """Several shells at once on a fresh AGENTS_HOME: one server, every session kept, none left running."""
+    home = tmp_path / "home"
+    env = cli_env(None, "agents", home=home)
+    argv = [*CLI, "session", "start", "--agent-file", str(DEMO_AGENT), "-p", "hello", "--json"]
+    procs = [subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(6)]
+    outs = [p.communicate(timeout=60) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 6, [err for _, err in outs]
+    started = {json.loads(out)["session_id"] for out, _ in outs}
+    listed = ok(agents("session", "list", "--json", env=env))["sessions"]
+    assert {v["session_id"] for v in listed} == started and len(started) == 6
+    pid = _server_pid(home)
+    assert pid is None or poll(lambda: not _alive(pid), "the embedded redis-server to stop", timeout=10)
