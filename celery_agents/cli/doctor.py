@@ -20,8 +20,14 @@ def diagnose(client: Any) -> dict[str, Any]:
     k = store.keys
     checks: list[dict[str, Any]] = []
     info = r.info()
-    checks.append({"name": "redis", "ok": True, "detail": f"redis {info.get('redis_version')} at "
-                   + (_redact(settings.redis_url) if settings.redis_url else f"embedded ({settings.home})")})
+    checks.append(
+        {
+            "name": "redis",
+            "ok": True,
+            "detail": f"redis {info.get('redis_version')} at "
+            + (_redact(settings.redis_url) if settings.redis_url else f"embedded ({settings.home})"),
+        }
+    )
     try:
         aof = r.config_get("appendonly").get("appendonly")
         fsync = r.config_get("appendfsync").get("appendfsync")
@@ -29,17 +35,32 @@ def diagnose(client: Any) -> dict[str, Any]:
     except Exception:  # managed Redis may forbid CONFIG
         aof = fsync = policy = None
     if aof is not None:
-        checks.append({"name": "persistence", "ok": aof == "yes",
-                       "detail": f"appendonly {aof}, appendfsync {fsync}"
-                       + ("" if aof == "yes" else " — turn AOF on or a restart loses sessions and completions")})
+        checks.append(
+            {
+                "name": "persistence",
+                "ok": aof == "yes",
+                "detail": f"appendonly {aof}, appendfsync {fsync}"
+                + ("" if aof == "yes" else " — turn AOF on or a restart loses sessions and completions"),
+            }
+        )
     if policy is not None:
-        checks.append({"name": "eviction", "ok": policy == "noeviction",
-                       "detail": f"maxmemory-policy {policy}"
-                       + ("" if policy == "noeviction" else " — use noeviction or Redis may drop session state")})
+        checks.append(
+            {
+                "name": "eviction",
+                "ok": policy == "noeviction",
+                "detail": f"maxmemory-policy {policy}"
+                + ("" if policy == "noeviction" else " — use noeviction or Redis may drop session state"),
+            }
+        )
     workers = store.live_workers()
-    checks.append({"name": "workers", "ok": bool(workers) or client.inline,
-                   "detail": f"{len(workers)} alive" + ("" if workers or client.inline else
-                                                        " — start one with `agents worker`")})
+    checks.append(
+        {
+            "name": "workers",
+            "ok": bool(workers) or client.inline,
+            "detail": f"{len(workers)} alive"
+            + ("" if workers or client.inline else " — start one with `agents worker`"),
+        }
+    )
     queues = {q: int(r.llen(f"{k.celery_prefix}{q}")) for q in QUEUES}
     now = time.time()
     owed = int(r.zcount(k.owed, "-inf", "+inf"))
@@ -47,12 +68,17 @@ def diagnose(client: Any) -> dict[str, Any]:
     pending = int(r.zcard(k.pending_all))
     overdue = int(r.zcount(k.deadlines, "-inf", int(now * 1000)))
     rejected = int(r.xlen(k.rejected)) if r.exists(k.rejected) else 0
-    states = {s: int(r.zcard(k.state_index(s))) for s in ("ready", "tools", "waiting", "completed", "failed", "cancelled")}
-    checks.append({"name": "owed steps", "ok": stuck == 0 or bool(workers),
-                   "detail": f"{owed} owed, {stuck} waiting longer than {settings.owed_grace:g} s"})
-    last_rejected = [
-        {"id": eid, **fields} for eid, fields in (r.xrevrange(k.rejected, count=5) if rejected else [])
-    ]
+    states = {
+        s: int(r.zcard(k.state_index(s))) for s in ("ready", "tools", "waiting", "completed", "failed", "cancelled")
+    }
+    checks.append(
+        {
+            "name": "owed steps",
+            "ok": stuck == 0 or bool(workers),
+            "detail": f"{owed} owed, {stuck} waiting longer than {settings.owed_grace:g} s",
+        }
+    )
+    last_rejected = [{"id": eid, **fields} for eid, fields in (r.xrevrange(k.rejected, count=5) if rejected else [])]
     return {
         "ok": all(c["ok"] for c in checks if c["name"] in ("redis", "workers", "owed steps")),
         "mode": "inline" if client.inline else "queue",
@@ -75,9 +101,11 @@ def render(report: dict[str, Any]) -> None:
     for c in report["checks"]:
         mark = "[green]ok[/]" if c["ok"] else "[yellow]!![/]"
         err.print(f"{mark} {c['name']}: {c['detail']}")
-    err.print(f"queues: " + ", ".join(f"{q} {n}" for q, n in report["queues"].items()))
-    err.print(f"sessions: " + ", ".join(f"{s} {n}" for s, n in report["sessions"].items()))
-    err.print(f"pending calls {report['pending_calls']}, overdue deadlines {report['overdue_deadlines']}, "
-              f"rejected completions {report['rejected_completions']}")
+    err.print("queues: " + ", ".join(f"{q} {n}" for q, n in report["queues"].items()))
+    err.print("sessions: " + ", ".join(f"{s} {n}" for s, n in report["sessions"].items()))
+    err.print(
+        f"pending calls {report['pending_calls']}, overdue deadlines {report['overdue_deadlines']}, "
+        f"rejected completions {report['rejected_completions']}"
+    )
     for rej in report["recent_rejections"]:
         err.print(f"  rejected {rej.get('token', '')[:40]}: {rej.get('reason', '')}")

@@ -10,34 +10,46 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterator
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, Optional
+from typing import Annotated, Any, NoReturn
 
 import typer
 
 from celery_agents.errors import AgentsError, InvalidInput, RedisUnavailable
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-                  help="Durable, step-wise LLM agent sessions on Celery workers with all state in Redis.")
-session_app = typer.Typer(no_args_is_help=True,
-                          help="Operate sessions: start, step, resume, pause, pending, complete, show, list, cancel, logs.")
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    help="Durable, step-wise LLM agent sessions on Celery workers with all state in Redis.",
+)
+session_app = typer.Typer(
+    no_args_is_help=True,
+    help="Operate sessions: start, step, resume, pause, pending, complete, show, list, cancel, logs.",
+)
 app.add_typer(session_app, name="session")
 
 _ARGV: list[str] = []
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print exactly one JSON document on stdout.")]
 WaitOpt = Annotated[bool, typer.Option("--wait/--no-wait", help="Wait for the outcome, or return once enqueued.")]
-TimeoutOpt = Annotated[Optional[float], typer.Option("--timeout", help="Stop waiting after SECONDS (exit 4; the work goes on).", min=0)]
+TimeoutOpt = Annotated[
+    float | None, typer.Option("--timeout", help="Stop waiting after SECONDS (exit 4; the work goes on).", min=0)
+]
 InlineOpt = Annotated[bool, typer.Option("--inline", help="Run steps in this process instead of on the workers.")]
 AgentOpt = Annotated[Path, typer.Option("--agent-file", "-a", help="The agent file (JSON): model, tools, policy.")]
-PromptOpt = Annotated[Optional[list[str]], typer.Option("--prompt", "-p", help="Prompt text (repeatable).")]
-FileOpt = Annotated[Optional[list[str]], typer.Option("--file", "-f", help="A text file appended to the prompt (repeatable; - for stdin).")]
-MediaOpt = Annotated[Optional[list[str]], typer.Option("--media", "-m", help="An image or other file attached to the prompt (repeatable).")]
+PromptOpt = Annotated[list[str] | None, typer.Option("--prompt", "-p", help="Prompt text (repeatable).")]
+FileOpt = Annotated[
+    list[str] | None, typer.Option("--file", "-f", help="A text file appended to the prompt (repeatable; - for stdin).")
+]
+MediaOpt = Annotated[
+    list[str] | None, typer.Option("--media", "-m", help="An image or other file attached to the prompt (repeatable).")
+]
 SessionArg = Annotated[str, typer.Argument(help="The session id.", metavar="ID")]
 
 
-class Thinking(str, Enum):
+class Thinking(StrEnum):
     none = "none"
     stdout = "stdout"
     stderr = "stderr"
@@ -133,9 +145,17 @@ def _warn_no_workers(client: Any) -> None:
 
 # -- commands ----------------------------------------------------------------------------------
 @app.command()
-def run(agent_file: AgentOpt, prompt: PromptOpt = None, file: FileOpt = None, media: MediaOpt = None,
-        thinking: ThinkingOpt = Thinking.none, as_json: JsonOpt = False, wait: WaitOpt = True,
-        timeout: TimeoutOpt = None, inline: InlineOpt = False) -> None:
+def run(
+    agent_file: AgentOpt,
+    prompt: PromptOpt = None,
+    file: FileOpt = None,
+    media: MediaOpt = None,
+    thinking: ThinkingOpt = Thinking.none,
+    as_json: JsonOpt = False,
+    wait: WaitOpt = True,
+    timeout: TimeoutOpt = None,
+    inline: InlineOpt = False,
+) -> None:
     """Start a session and drive it until it completes or only outside work remains; print the answer."""
     with _command(as_json, inline) as client:
         query = _prompt(prompt, file, media)
@@ -149,11 +169,19 @@ def run(agent_file: AgentOpt, prompt: PromptOpt = None, file: FileOpt = None, me
 
 
 @session_app.command("start")
-def session_start(agent_file: AgentOpt, prompt: PromptOpt = None, file: FileOpt = None, media: MediaOpt = None,
-                  step: Annotated[bool, typer.Option("--step", help="Also run one step.")] = False,
-                  run_: Annotated[bool, typer.Option("--run", help="Drive it until it completes or waits outside.")] = False,
-                  thinking: ThinkingOpt = Thinking.none, as_json: JsonOpt = False, wait: WaitOpt = True,
-                  timeout: TimeoutOpt = None, inline: InlineOpt = False) -> None:
+def session_start(
+    agent_file: AgentOpt,
+    prompt: PromptOpt = None,
+    file: FileOpt = None,
+    media: MediaOpt = None,
+    step: Annotated[bool, typer.Option("--step", help="Also run one step.")] = False,
+    run_: Annotated[bool, typer.Option("--run", help="Drive it until it completes or waits outside.")] = False,
+    thinking: ThinkingOpt = Thinking.none,
+    as_json: JsonOpt = False,
+    wait: WaitOpt = True,
+    timeout: TimeoutOpt = None,
+    inline: InlineOpt = False,
+) -> None:
     """Create a session from a prompt (the model is not called unless --step or --run)."""
     with _command(as_json, inline) as client:
         if step and run_:
@@ -170,8 +198,14 @@ def session_start(agent_file: AgentOpt, prompt: PromptOpt = None, file: FileOpt 
 
 
 @session_app.command("step")
-def session_step(session_id: SessionArg, as_json: JsonOpt = False, wait: WaitOpt = True, timeout: TimeoutOpt = None,
-                 inline: InlineOpt = False, thinking: ThinkingOpt = Thinking.none) -> None:
+def session_step(
+    session_id: SessionArg,
+    as_json: JsonOpt = False,
+    wait: WaitOpt = True,
+    timeout: TimeoutOpt = None,
+    inline: InlineOpt = False,
+    thinking: ThinkingOpt = Thinking.none,
+) -> None:
     """Run exactly one step: call the model, or run the tool calls it asked for."""
     with _command(as_json, inline) as client:
         _warn_no_workers(client)
@@ -184,8 +218,14 @@ def session_step(session_id: SessionArg, as_json: JsonOpt = False, wait: WaitOpt
 
 
 @session_app.command("resume")
-def session_resume(session_id: SessionArg, as_json: JsonOpt = False, wait: WaitOpt = True,
-                   timeout: TimeoutOpt = None, inline: InlineOpt = False, thinking: ThinkingOpt = Thinking.none) -> None:
+def session_resume(
+    session_id: SessionArg,
+    as_json: JsonOpt = False,
+    wait: WaitOpt = True,
+    timeout: TimeoutOpt = None,
+    inline: InlineOpt = False,
+    thinking: ThinkingOpt = Thinking.none,
+) -> None:
     """Drive the session until it completes or only outside work remains (a failed one is retried)."""
     with _command(as_json, inline) as client:
         _warn_no_workers(client)
@@ -205,9 +245,13 @@ def session_pause(session_id: SessionArg, as_json: JsonOpt = False) -> None:
 
 
 @session_app.command("pending")
-def session_pending(session_id: Annotated[Optional[str], typer.Argument(help="A session id; all sessions if omitted.", metavar="ID")] = None,
-                    limit: Annotated[int, typer.Option("--limit", help="At most N calls (all sessions).", min=1)] = 1000,
-                    as_json: JsonOpt = False) -> None:
+def session_pending(
+    session_id: Annotated[
+        str | None, typer.Argument(help="A session id; all sessions if omitted.", metavar="ID")
+    ] = None,
+    limit: Annotated[int, typer.Option("--limit", help="At most N calls (all sessions).", min=1)] = 1000,
+    as_json: JsonOpt = False,
+) -> None:
     """List unfinished calls (deferred ones with their tokens) of one session, or of all."""
     from celery_agents.cli.output import emit_json, render_pending
 
@@ -220,11 +264,15 @@ def session_pending(session_id: Annotated[Optional[str], typer.Argument(help="A 
 
 
 @session_app.command("complete")
-def session_complete(token: Annotated[str, typer.Argument(help="The continuation token.", metavar="TOKEN")],
-                     result_file: Annotated[str, typer.Argument(help="The result: a file holding JSON or text, or - for stdin.", metavar="RESULT_FILE|-")],
-                     error: Annotated[bool, typer.Option("--error", help="Record the text as the call's error.")] = False,
-                     by: Annotated[Optional[str], typer.Option("--by", help="Who completes it (recorded).")] = None,
-                     as_json: JsonOpt = False) -> None:
+def session_complete(
+    token: Annotated[str, typer.Argument(help="The continuation token.", metavar="TOKEN")],
+    result_file: Annotated[
+        str, typer.Argument(help="The result: a file holding JSON or text, or - for stdin.", metavar="RESULT_FILE|-")
+    ],
+    error: Annotated[bool, typer.Option("--error", help="Record the text as the call's error.")] = False,
+    by: Annotated[str | None, typer.Option("--by", help="Who completes it (recorded).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
     """Complete a deferred call with its result; an auto-driven session then continues by itself."""
     from celery_agents.cli.output import emit_json, render_completion
     from celery_agents.cli.prompt import parse_result, read_result
@@ -246,8 +294,11 @@ def session_run_isolated(session_id: SessionArg, as_json: JsonOpt = False) -> No
 
 
 @session_app.command("show")
-def session_show(session_id: SessionArg, as_json: JsonOpt = False,
-                 thinking: Annotated[bool, typer.Option("--thinking/--no-thinking", help="Show the model's reasoning.")] = True) -> None:
+def session_show(
+    session_id: SessionArg,
+    as_json: JsonOpt = False,
+    thinking: Annotated[bool, typer.Option("--thinking/--no-thinking", help="Show the model's reasoning.")] = True,
+) -> None:
     """Show a session: its state, turns (text, reasoning, tool calls and results), usage and cost."""
     from celery_agents.cli.output import emit_json, err, render_turns, render_view
 
@@ -261,9 +312,13 @@ def session_show(session_id: SessionArg, as_json: JsonOpt = False,
 
 
 @session_app.command("list")
-def session_list(status: Annotated[Optional[str], typer.Option("--status", help="ready, tools, waiting, completed, failed or cancelled.")] = None,
-                 limit: Annotated[int, typer.Option("--limit", help="At most N sessions, newest first.", min=1)] = 50,
-                 as_json: JsonOpt = False) -> None:
+def session_list(
+    status: Annotated[
+        str | None, typer.Option("--status", help="ready, tools, waiting, completed, failed or cancelled.")
+    ] = None,
+    limit: Annotated[int, typer.Option("--limit", help="At most N sessions, newest first.", min=1)] = 50,
+    as_json: JsonOpt = False,
+) -> None:
     """List sessions, most recently updated first."""
     from celery_agents.cli.output import emit_json, render_list
 
@@ -283,8 +338,11 @@ def session_cancel(session_id: SessionArg, as_json: JsonOpt = False) -> None:
 
 
 @session_app.command("logs")
-def session_logs(session_id: SessionArg, follow: Annotated[bool, typer.Option("--follow", "-F", help="Keep printing new events.")] = False,
-                 as_json: JsonOpt = False) -> None:
+def session_logs(
+    session_id: SessionArg,
+    follow: Annotated[bool, typer.Option("--follow", "-F", help="Keep printing new events.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
     """Print the session's events, one per line (JSON lines with --json)."""
     import json
 
@@ -300,10 +358,14 @@ def session_logs(session_id: SessionArg, follow: Annotated[bool, typer.Option("-
 
 
 @app.command()
-def worker(queues: Annotated[str, typer.Option("--queues", "-Q", help="Queues to consume, comma-separated.")] = "steps,tools,isolated",
-           concurrency: Annotated[int, typer.Option("--concurrency", "-c", help="Worker processes.", min=1)] = 2,
-           name: Annotated[Optional[str], typer.Option("--name", "-n", help="Worker name (Celery hostname).")] = None,
-           loglevel: Annotated[str, typer.Option("--loglevel", "-l", help="Log level.")] = "INFO") -> None:
+def worker(
+    queues: Annotated[
+        str, typer.Option("--queues", "-Q", help="Queues to consume, comma-separated.")
+    ] = "steps,tools,isolated",
+    concurrency: Annotated[int, typer.Option("--concurrency", "-c", help="Worker processes.", min=1)] = 2,
+    name: Annotated[str | None, typer.Option("--name", "-n", help="Worker name (Celery hostname).")] = None,
+    loglevel: Annotated[str, typer.Option("--loglevel", "-l", help="Log level.")] = "INFO",
+) -> None:
     """Run a Celery worker for steps and tool calls (on the embedded Redis when AGENTS_REDIS_URL is unset)."""
     from celery_agents.tasks.config import QUEUES
 
@@ -313,8 +375,19 @@ def worker(queues: Annotated[str, typer.Option("--queues", "-Q", help="Queues to
         _fail(InvalidInput(f"unknown queue(s): {', '.join(unknown) or '(none given)'}; use {', '.join(QUEUES)}"), False)
     from celery_agents.tasks import app as celery_app
 
-    argv = ["worker", "-Q", ",".join(wanted), "-c", str(concurrency), "-P", "prefork", "--without-gossip",
-            "--without-mingle", "-l", loglevel]
+    argv = [
+        "worker",
+        "-Q",
+        ",".join(wanted),
+        "-c",
+        str(concurrency),
+        "-P",
+        "prefork",
+        "--without-gossip",
+        "--without-mingle",
+        "-l",
+        loglevel,
+    ]
     if name:
         argv += ["-n", name]
     celery_app.worker_main(argv)
