@@ -26,18 +26,42 @@ class _Spec(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=True)
 
 
+class Limits(_Spec):
+    """Resource limits of a tool run; a field left out keeps the default (docs/tools.md).
+
+    `outputBytes` caps what is kept of any run's output; the others bound a sandboxed
+    (`runIsolated`) run through rlimits.
+    """
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+    memory_mb: int | None = Field(default=None, alias="memoryMb", gt=0)
+    cpu_seconds: int | None = Field(default=None, alias="cpuSeconds", gt=0)
+    open_files: int | None = Field(default=None, alias="openFiles", ge=8)
+    file_size_mb: int | None = Field(default=None, alias="fileSizeMb", gt=0)
+    processes: int | None = Field(default=None, gt=0)
+    output_bytes: int | None = Field(default=None, alias="outputBytes", gt=0)
+
+    def over(self, base: Limits) -> Limits:
+        """These limits where set, `base` elsewhere."""
+        return base.model_copy(update=self.model_dump(exclude_none=True))
+
+
 class Disposition(_Spec):
     """How a tool call runs: written `"runSync"` or `{"tag": "runSync", ...}`.
 
     `timeoutSeconds` is the deadline of a deferred call, or the execution timeout of the others;
-    `retries` and `truncate` decorate executed calls.
+    `retries` (with `backoffSeconds`, doubled on each retry), `truncate` and `limits` decorate
+    executed calls.
     """
 
     tag: DispositionTag
     reason: str | None = None
     timeout_seconds: float | None = Field(default=None, alias="timeoutSeconds", gt=0)
     retries: int | None = Field(default=None, ge=0, le=20)
+    backoff_seconds: float | None = Field(default=None, alias="backoffSeconds", ge=0, le=600)
     truncate: int | None = Field(default=None, gt=0)
+    limits: Limits | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -61,17 +85,74 @@ class ToolCallPolicy(_Spec):
     rules: list[PolicyRule] = Field(default_factory=list)
 
 
+class ScriptArg(_Spec):
+    """One argument of an agents-exe style executable, as its `describe` prints it.
+
+    `mode` says how `run` receives it: `positional`, `dashdashspace` (`--name value`),
+    `dashdashequal` (`--name=value`) or `stdin` (one line); `arity` is `single` or `optional`.
+    """
+
+    name: str
+    description: str = ""
+    type: str = "string"
+    backing_type: str = "string"
+    arity: Literal["single", "optional"] = "single"
+    mode: Literal["positional", "dashdashspace", "dashdashequal", "stdin"] = "positional"
+
+
 class ToolSpec(_Spec):
-    """One tool the model may call: exactly one of `command`, `python`, `external`."""
+    """One tool the model may call: exactly one of `command`, `python`, `script`, `external`.
+
+    `script` is an agents-exe style executable (`describe` / `run`); agents usually get such tools
+    from a folder through `toolboxes` rather than writing them here. A `python` tool that declares
+    no `parameters` gets the schema derived from the function's signature when the agent loads.
+    """
 
     name: str
     description: str = ""
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
     command: list[str] | None = None
     python: str | None = None
+    script: str | None = None
     external: bool = False
+    #: how `run` of a `script` tool takes each argument (from its `describe`); none: JSON on stdin
+    script_args: list[ScriptArg] | None = Field(default=None, alias="scriptArgs")
+    #: the text answered when a `script` tool prints nothing
+    empty_result: str | None = Field(default=None, alias="emptyResult")
+    #: stdout of the tool is a file of this media type (e.g. "image/png"), not text
+    output_media_type: str | None = Field(default=None, alias="outputMediaType")
     #: names of environment variables an isolated run of this tool may see
     env: list[str] = Field(default_factory=list)
+    #: resource limits of this tool's runs (a disposition's `limits` override them)
+    limits: Limits | None = None
+    #: an isolated run under bubblewrap keeps the network (it is cut by default)
+    network: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derive_python_schema(cls, value: Any) -> Any:
+        # The model must see a python tool's parameters; without a declared schema, the
+        # function's signature is the schema. An unimportable module keeps the empty one
+        # (the worker may have it when the loading process does not).
+        if isinstance(value, dict) and value.get("python") and "parameters" not in value:
+            from celery_agents.tools.signature import describe_function
+
+            found = describe_function(str(value["python"]))
+            if found is not None:
+                value = {**value, "parameters": found[0]}
+                if not value.get("description") and found[1]:
+                    value["description"] = found[1]
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if name.upper().startswith("AGENTS_"):
+                raise ValueError(
+                    f"{name} is a setting of the worker, never given to a tool (remove it from env)"
+                )
+        return value
 
     @field_validator("name")
     @classmethod
@@ -99,26 +180,34 @@ class ToolSpec(_Spec):
     def _parameters_shape(cls, value: dict[str, Any]) -> dict[str, Any]:
         if value.get("type", "object") != "object":
             raise ValueError('parameters is a JSON Schema whose "type" is "object"')
+        from jsonschema import Draft202012Validator, SchemaError
+
+        try:
+            Draft202012Validator.check_schema(value)
+        except SchemaError as exc:
+            where = "/".join(str(p) for p in exc.path) or "(top level)"
+            raise ValueError(f"parameters is not a valid JSON Schema at {where}: {exc.message}") from None
         return value
 
     @model_validator(mode="after")
     def _one_kind(self) -> ToolSpec:
-        kinds = [k for k, v in (("command", self.command), ("python", self.python)) if v] + (
-            ["external"] if self.external else []
-        )
+        kinds = [k for k, v in (("command", self.command), ("python", self.python), ("script", self.script)) if v]
+        kinds += ["external"] if self.external else []
         if len(kinds) != 1:
             raise ValueError(
-                f"tool {self.name!r} needs exactly one of command, python or external: true "
+                f"tool {self.name!r} needs exactly one of command, python, script or external: true "
                 f"(found {', '.join(kinds) or 'none'})"
             )
         return self
 
     @property
-    def kind(self) -> Literal["command", "python", "external"]:
+    def kind(self) -> Literal["command", "python", "script", "external"]:
         if self.command:
             return "command"
         if self.python:
             return "python"
+        if self.script:
+            return "script"
         return "external"
 
     def openai_schema(self) -> dict[str, Any]:
@@ -129,8 +218,46 @@ class ToolSpec(_Spec):
         }
 
 
+class Toolbox(_Spec):
+    """A folder of agents-exe style executables (or one such executable), each a tool named
+    `prefix` + the slug its `describe` prints. Written `"tools/"` or `{"path": "tools/", ...}`;
+    `filter` keeps only file names containing it."""
+
+    path: str
+    prefix: str = "bash_"
+    filter: str | None = Field(default=None, alias="basenameFilter")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_string(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return {"path": value}
+        return value
+
+
+def _normalise_toolboxes(value: dict[str, Any]) -> dict[str, Any]:
+    """agents-exe's `toolDirectory` and `bashToolboxes` (tagged FileSystemDirectory / SingleTool)
+    folded into `toolboxes`."""
+    if "toolDirectory" not in value and "bashToolboxes" not in value:
+        return value
+    value = dict(value)
+    extra: list[Any] = []
+    directory = value.pop("toolDirectory", None)
+    if directory is not None:
+        extra.append(directory)
+    boxes = value.pop("bashToolboxes", None) or []
+    for box in boxes if isinstance(boxes, list) else [boxes]:
+        extra.append(box.get("contents") if isinstance(box, dict) and "tag" in box else box)
+    value["toolboxes"] = [*(value.get("toolboxes") or []), *extra]
+    return value
+
+
 class AgentSpec(_Spec):
-    """An agent file, validated. `base_dir` is the folder relative command paths resolve against."""
+    """An agent file, validated. `base_dir` is the folder relative command paths resolve against.
+
+    `toolboxes` (or agents-exe's `toolDirectory` / `bashToolboxes`) are described when the file is
+    loaded (`parse_agent`): their tools join `tools`, so the stored agent names every tool.
+    """
 
     slug: str
     model: str
@@ -146,6 +273,7 @@ class AgentSpec(_Spec):
     #: extra keyword arguments for the model call (temperature, max_tokens, ...)
     model_params: dict[str, Any] = Field(default_factory=dict, alias="modelParams")
     base_dir: str | None = Field(default=None, alias="baseDir")
+    toolboxes: list[Toolbox] = Field(default_factory=list)
 
     @model_validator(mode="before")
     @classmethod
@@ -156,6 +284,11 @@ class AgentSpec(_Spec):
             value = dict(value)
             value["toolCallPolicy"] = value.pop("toolCallPolicyConfig")
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _toolbox_aliases(cls, value: Any) -> Any:
+        return _normalise_toolboxes(value) if isinstance(value, dict) else value
 
     @field_validator("slug")
     @classmethod
@@ -281,10 +414,36 @@ def parse_agent(data: Any, source: str = "<agent>", base_dir: str | None = None)
         raise InvalidAgentFile(f"{source}: (top level): an agent file is a JSON object (give {{...}})")
     if base_dir and "baseDir" not in data:
         data = {**data, "baseDir": base_dir}
+    if any(k in data for k in ("toolboxes", "toolDirectory", "bashToolboxes")):
+        data = _with_toolbox_tools(data, source)
     try:
         return AgentSpec.model_validate(data)
     except ValidationError as exc:
         raise InvalidAgentFile(describe_validation_error(source, exc), file=source) from None
+
+
+def _with_toolbox_tools(data: dict[str, Any], source: str) -> dict[str, Any]:
+    """`data` with the tools its toolboxes describe appended to `tools` (once: a tool already
+    declared under the same name is kept as written)."""
+    from celery_agents.tools.toolbox import ToolboxError, describe_toolbox
+
+    try:
+        boxes = _normalise_toolboxes(data).get("toolboxes") or []
+        toolboxes = [Toolbox.model_validate(b) for b in boxes]
+    except (ValidationError, AttributeError, TypeError) as exc:
+        raise InvalidAgentFile(
+            f"{source}: toolboxes: {exc} (write \"toolboxes\": [\"tools/\"] or "
+            f"[{{\"path\": \"tools/\", \"prefix\": \"bash_\"}}])", file=source) from None
+    tools = list(data.get("tools") or [])
+    declared = {t.get("name") for t in tools if isinstance(t, dict)}
+    for i, box in enumerate(toolboxes):
+        try:
+            found = describe_toolbox(box, data.get("baseDir"))
+        except ToolboxError as exc:
+            raise InvalidAgentFile(f"{source}: toolboxes[{i}]: {exc}", file=source) from None
+        tools.extend(t for t in found if t["name"] not in declared)
+        declared.update(t["name"] for t in found)
+    return {**data, "tools": tools}
 
 
 def load_agent_file(path: str | Path) -> AgentSpec:

@@ -1,91 +1,113 @@
-"""Command tools: argv run as a child process, arguments as a JSON object on stdin, result on stdout.
+"""Command tools (and agents-exe `script` tools): argv, arguments on stdin, the answer on stdout.
 
-A non-zero exit is a failed call with stderr as its error. A command that outlives its timeout is
-killed with its whole process group (SIGTERM, then SIGKILL after a short grace).
+Relative paths in argv resolve against the agent file's folder. The environment carries the
+call's `AGENTS_SESSION_ID`, `AGENTS_CALL_ID` and `AGENTS_IDEMPOTENCY_KEY`. Exit 0: stdout is the
+result (JSON when it parses, else text); non-zero: a failed call with stderr as its error, which
+the tool marks retryable with exit status 75 (EX_TEMPFAIL); killed by a signal or at its timeout:
+a failed call saying so.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from celery_agents.model import TrackedCall
+from celery_agents.model.agent import Limits
+from celery_agents.scheduler.ports import CallOutcome
+from celery_agents.tools.output import capped_note, media_from_bytes, parse_output, split_media
+from celery_agents.tools.process import ProcessResult
 
-@dataclass
-class ProcessResult:
-    exit_status: int | None
-    stdout: bytes
-    stderr: bytes
-    timed_out: bool
-    duration_ms: float
-    stdout_truncated: bool = False
+#: the exit status a tool uses to say "try me again" (sysexits' EX_TEMPFAIL)
+EX_TEMPFAIL = 75
+#: how much of stderr the model gets as the error of a failed call
+ERROR_CHARS = 4000
 
 
 def resolve_argv(argv: list[str], base_dir: str | None) -> list[str]:
-    """Relative paths that exist under the agent file's folder become absolute."""
+    """Relative paths that exist under the agent file's folder become absolute (a sandboxed run
+    works in a directory of its own, so `tools/x.py` must not depend on the working directory)."""
     if not base_dir:
         return list(argv)
     out = []
     for arg in argv:
-        if not os.path.isabs(arg) and not arg.startswith("-"):
+        if arg and not os.path.isabs(arg) and not arg.startswith("-"):
             candidate = Path(base_dir) / arg
-            if ("/" in arg or arg == argv[0]) and candidate.exists():
+            if candidate.exists():
                 out.append(str(candidate))
                 continue
         out.append(arg)
     return out
 
 
-def kill_group(proc: subprocess.Popen[bytes], grace: float = 1.0) -> None:
-    """SIGTERM the process group, then SIGKILL whatever is left after `grace` seconds."""
-    try:
-        pgid = os.getpgid(proc.pid)
-    except ProcessLookupError:
-        return
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-        except subprocess.TimeoutExpired:
-            continue
-        # The leader is gone; children in the group may linger: SIGKILL them.
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        return
+def call_env(session_id: str, call: TrackedCall, agents_exe: bool = False) -> dict[str, str]:
+    """The call's variables; agents-exe executables also get the names they know."""
+    env = {
+        "AGENTS_SESSION_ID": session_id,
+        "AGENTS_CALL_ID": call.call_id,
+        "AGENTS_IDEMPOTENCY_KEY": call.idempotency_key(session_id),
+    }
+    if agents_exe:
+        env["AGENT_SESSION_ID"] = session_id
+        env["AGENT_CONVERSATION_ID"] = session_id
+    return env
 
 
-def run_process(argv: list[str], stdin: bytes, *, env: dict[str, str], cwd: str | None, timeout: float,
-                output_cap: int, preexec: Any = None) -> ProcessResult:
-    """Run argv in its own session (process group) with a wall-clock timeout and an output cap."""
-    started = time.monotonic()
+def _tail(text: str) -> str:
+    text = text.strip()
+    return text if len(text) <= ERROR_CHARS else "…" + text[-ERROR_CHARS:]
+
+
+def _killed_by(sig: int, limits: Limits | None) -> str:
     try:
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env=env, cwd=cwd, start_new_session=True, preexec_fn=preexec)
-    except (FileNotFoundError, PermissionError, OSError) as exc:
-        return ProcessResult(None, b"", f"cannot start {argv[0]!r}: {exc}".encode(), False,
-                             (time.monotonic() - started) * 1000)
-    timed_out = False
-    try:
-        out, err = proc.communicate(stdin, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        kill_group(proc)
-        out, err = proc.communicate()
-    else:
-        # Children the tool left behind in its group must not outlive the call.
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    truncated = len(out) > output_cap
-    return ProcessResult(proc.returncode, out[:output_cap], err[-output_cap:], timed_out,
-                         (time.monotonic() - started) * 1000, truncated)
+        name = signal.Signals(sig).name
+    except ValueError:
+        name = f"signal {sig}"
+    why = ""
+    if sig == signal.SIGXCPU:
+        why = f": it used up its CPU time limit ({limits.cpu_seconds} s)" if limits and limits.cpu_seconds else \
+            ": it used up its CPU time limit"
+    elif sig == signal.SIGXFSZ:
+        why = ": it wrote a file past its file size limit"
+    elif sig == signal.SIGKILL and limits is not None:
+        why = " (a resource limit, or the system, killed it)"
+    elif sig in (signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS) and limits and limits.memory_mb:
+        why = f" (it may have run out of memory: the limit is {limits.memory_mb} MB)"
+    return f"the tool was killed by {name}{why}"
+
+
+def outcome_of(res: ProcessResult, *, timeout: float, empty_result: str | None = None,
+               media_type: str | None = None, limits: Limits | None = None) -> CallOutcome:
+    """The call's outcome from how its process ended."""
+    stderr = res.stderr.decode(errors="replace")
+    base: dict[str, Any] = {"duration_ms": res.duration_ms, "exit_status": res.exit_status}
+    if res.timed_out:
+        return CallOutcome(state="failed", **base, meta={"timed_out": True, "retryable": True}, error=(
+            f"the tool did not finish within {timeout:g} s and was killed (its whole process group: "
+            "SIGTERM, then SIGKILL)" + (f"; its last error output: {_tail(stderr)}" if stderr.strip() else "")))
+    if res.exit_status is None:
+        return CallOutcome(state="failed", **base, error=_tail(stderr) or "the tool could not be started")
+    if res.exit_status < 0:
+        text = _killed_by(-res.exit_status, limits)
+        return CallOutcome(state="failed", **base, meta={"signal": -res.exit_status},
+                           error=text + (f"; its error output: {_tail(stderr)}" if stderr.strip() else ""))
+    if res.exit_status != 0:
+        return CallOutcome(state="failed", **base, meta={"retryable": res.exit_status == EX_TEMPFAIL},
+                           error=_tail(stderr) or f"the tool exited with status {res.exit_status}")
+    meta: dict[str, Any] = {}
+    if res.stdout_truncated:
+        meta["output_capped"] = {"written": res.stdout_bytes, "cap": len(res.stdout)}
+    if media_type and res.stdout and not res.stdout_truncated:
+        media = media_from_bytes(res.stdout, media_type)
+        return CallOutcome(state="completed", **base, media=[media], meta=meta,
+                           result=f"attached: {media_type} ({len(res.stdout)} bytes)")
+    text = res.stdout.decode(errors="replace")
+    if res.stdout_truncated:
+        return CallOutcome(state="completed", **base, meta=meta,
+                           result=text + capped_note(res.stdout_bytes, len(res.stdout)))
+    if not text.strip() and empty_result:
+        return CallOutcome(state="completed", **base, result=empty_result)
+    result, found = split_media(parse_output(text))
+    return CallOutcome(state="completed", **base, result=result, media=found, meta=meta)

@@ -1,144 +1,166 @@
 """Executing one tool call of any kind, with the decorators its disposition names.
 
-The scheduler's `ToolPort` for the runtime: `ToolRunner.run(agent, session_id, call)`. Failures of
-the tool (bad arguments, non-zero exit, exceptions, timeouts) become failed outcomes whose text
-goes to the model; they never raise.
+The scheduler's `ToolPort` for the runtime: `ToolRunner.run(agent, session_id, call)`. Arguments
+are checked against the tool's schema first; then the call runs in the worker (runSync, runAsync)
+or in the sandbox (`ToolRunner(isolated=True)`, runIsolated). Failures of the tool (bad arguments,
+non-zero exit, exceptions, signals, timeouts) become failed outcomes whose text goes to the model;
+they never raise.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
+import shutil
+import sys
 import time
-import traceback
 from typing import Any
 
-from celery_agents.model import AgentSpec, Disposition, ToolSpec, TrackedCall
+from celery_agents.model import AgentSpec, TrackedCall
+from celery_agents.model.agent import Limits, ToolSpec
 from celery_agents.scheduler.policy import disposition_for
 from celery_agents.scheduler.ports import CallOutcome
-from celery_agents.tools.command import resolve_argv, run_process
+from celery_agents.tools.arguments import argument_problems
+from celery_agents.tools.command import call_env, outcome_of, resolve_argv
+from celery_agents.tools.decorators import apply_truncate, resolve_limits, with_retries
+from celery_agents.tools.output import cut, split_media
+from celery_agents.tools.process import run_process
+from celery_agents.tools.python_call import CHILD_BOOTSTRAP, call_in_thread, child_request
+from celery_agents.tools.sandbox import DEFAULT_LIMITS, Sandbox, SandboxUnavailable, python_install, python_paths
+from celery_agents.tools.toolbox import script_invocation
 
+#: the execution timeout of a call whose disposition names none
 DEFAULT_TIMEOUT = 300.0
-OUTPUT_CAP = 1_000_000
-
-
-def parse_output(text: str) -> Any:
-    """Tool output: a JSON value when it parses as one, else the stripped text."""
-    stripped = text.strip()
-    if stripped[:1] in "{[\"" or stripped in ("true", "false", "null") or _is_number(stripped):
-        try:
-            return json.loads(stripped)
-        except json.JSONDecodeError:
-            pass
-    return stripped
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
-def call_env(session_id: str, call: TrackedCall) -> dict[str, str]:
-    return {
-        "AGENTS_SESSION_ID": session_id,
-        "AGENTS_CALL_ID": call.call_id,
-        "AGENTS_IDEMPOTENCY_KEY": call.idempotency_key(session_id),
-    }
-
-
-def _truncate(value: Any, limit: int | None) -> tuple[Any, bool]:
-    if limit is None:
-        return value, False
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    data = text.encode()
-    if len(data) <= limit:
-        return value, False
-    cut = data[:limit].decode(errors="ignore")
-    return f"{cut}\n[truncated: the result was {len(data)} bytes, cut to {limit}]", True
+OUTPUT_CAP = DEFAULT_LIMITS.output_bytes or 1_000_000
 
 
 class ToolRunner:
     """Runs calls in this process (runSync, runAsync) or in the sandbox (runIsolated)."""
 
-    def __init__(self, isolated: bool = False) -> None:
+    def __init__(self, isolated: bool = False, sandbox: Sandbox | None = None) -> None:
         self.isolated = isolated
         self.executions = 0
+        self._sandbox = sandbox
+
+    @property
+    def sandbox(self) -> Sandbox:
+        if self._sandbox is None:
+            self._sandbox = Sandbox()
+        return self._sandbox
 
     def run(self, agent: AgentSpec, session_id: str, call: TrackedCall) -> CallOutcome:
         tool = agent.tool(call.tool)
         if tool is None:
-            return CallOutcome(state="failed", error=f"there is no tool named {call.tool!r}", attempts=0)
+            names = ", ".join(t.name for t in agent.tools) or "none"
+            return CallOutcome(state="failed", attempts=0,
+                               error=f"there is no tool named {call.tool!r}; the tools are: {names}")
+        if tool.external:
+            return CallOutcome(state="failed", attempts=0,
+                               error=f"{tool.name} is an external tool: only a completion through its token answers it")
+        args = {} if call.arguments is None else call.arguments
+        problems = argument_problems(tool.name, tool.parameters, args) if isinstance(args, dict) else \
+            f"the arguments of {tool.name} must be a JSON object"
+        if problems:
+            return CallOutcome(state="failed", attempts=0, error=problems, meta={"invalid_arguments": True})
         disp = disposition_for(agent, call.tool)
-        attempts_allowed = 1 + (disp.retries or 0)
-        outcome = CallOutcome(state="failed", error="not run", attempts=0)
-        for attempt in range(1, attempts_allowed + 1):
+        limits = resolve_limits(tool, disp, DEFAULT_LIMITS)
+        timeout = disp.timeout_seconds or DEFAULT_TIMEOUT
+
+        def once() -> CallOutcome:
             self.executions += 1
-            outcome = self._once(agent, tool, disp, session_id, call)
-            outcome.attempts = attempt
-            if outcome.state == "completed" or not outcome.meta.get("retryable"):
-                break
-            time.sleep(min(30.0, 0.2 * (2 ** (attempt - 1))))
-        if outcome.state == "completed":
-            outcome.result, cut = _truncate(outcome.result, disp.truncate)
-            if cut:
-                outcome.meta["truncated"] = True
+            try:
+                return self._once(agent, tool, args, limits, timeout, session_id, call)
+            except SandboxUnavailable as exc:
+                return CallOutcome(state="failed", error=str(exc))
+
+        outcome = apply_truncate(with_retries(once, disp), disp.truncate)
+        if self.isolated:
+            outcome.meta.setdefault("isolation", "none")
         return outcome
 
-    def _once(self, agent: AgentSpec, tool: ToolSpec, disp: Disposition, session_id: str,
-              call: TrackedCall) -> CallOutcome:
-        timeout = disp.timeout_seconds or DEFAULT_TIMEOUT
-        if tool.command:
-            return self._command(agent, tool, timeout, session_id, call)
+    def _once(self, agent: AgentSpec, tool: ToolSpec, args: dict[str, Any], limits: Limits, timeout: float,
+              session_id: str, call: TrackedCall) -> CallOutcome:
         if tool.python:
-            return self._python(tool, session_id, call)
-        return CallOutcome(state="failed", attempts=0,
-                           error=f"{tool.name} is an external tool: only a completion through its token answers it")
+            return self._python(agent, tool, args, limits, timeout, session_id, call)
+        if tool.script:
+            script = resolve_argv([tool.script], agent.base_dir)[0]
+            argv, stdin = script_invocation(script, list(tool.script_args) if tool.script_args is not None else None,
+                                            args)
+            env = call_env(session_id, call, agents_exe=True)
+        else:
+            argv = resolve_argv(list(tool.command or []), agent.base_dir)
+            stdin, env = json.dumps(args).encode(), call_env(session_id, call)
+        if self.isolated:
+            needs = _program_paths(argv)
+            readable = [*python_install(), *([agent.base_dir] if agent.base_dir else [])]
+            run = self.sandbox.run(argv, stdin, call_env=env, env_names=tool.env, limits=limits, timeout=timeout,
+                                   network=tool.network, readable=readable, needs=needs)
+            outcome = outcome_of(run.process, timeout=timeout, empty_result=tool.empty_result,
+                                 media_type=tool.output_media_type, limits=limits)
+            outcome.meta.update(run.meta)
+            return outcome
+        res = run_process(argv, stdin, env={**os.environ, **env}, cwd=_folder(agent), timeout=timeout,
+                          output_cap=limits.output_bytes or OUTPUT_CAP)
+        return outcome_of(res, timeout=timeout, empty_result=tool.empty_result, media_type=tool.output_media_type)
 
-    def _command(self, agent: AgentSpec, tool: ToolSpec, timeout: float, session_id: str,
-                 call: TrackedCall) -> CallOutcome:
-        argv = resolve_argv(list(tool.command or []), agent.base_dir)
-        env = dict(os.environ)
-        env.update(call_env(session_id, call))
-        res = run_process(argv, json.dumps(call.arguments if call.arguments is not None else {}).encode(),
-                          env=env, cwd=agent.base_dir if agent.base_dir and os.path.isdir(agent.base_dir) else None,
-                          timeout=timeout, output_cap=OUTPUT_CAP)
-        meta: dict[str, Any] = {}
-        if res.timed_out:
-            return CallOutcome(state="failed", error=f"the tool did not finish within {timeout:g} s and was killed",
-                               duration_ms=res.duration_ms, exit_status=res.exit_status,
-                               meta={"timed_out": True, "retryable": True})
-        if res.exit_status != 0:
-            err = res.stderr.decode(errors="replace").strip() or f"the tool exited with status {res.exit_status}"
-            return CallOutcome(state="failed", error=err, duration_ms=res.duration_ms, exit_status=res.exit_status,
-                               meta={"retryable": res.exit_status == 75})
-        if res.stdout_truncated:
-            meta["output_capped"] = True
-        return CallOutcome(state="completed", result=parse_output(res.stdout.decode(errors="replace")),
-                           duration_ms=res.duration_ms, exit_status=0, meta=meta)
+    def _python(self, agent: AgentSpec, tool: ToolSpec, args: dict[str, Any], limits: Limits, timeout: float,
+                session_id: str, call: TrackedCall) -> CallOutcome:
+        spec = tool.python or ""
+        cap = limits.output_bytes or OUTPUT_CAP
+        if not self.isolated:
+            started = time.monotonic()
+            envelope = call_in_thread(spec, args, timeout)
+            duration = (time.monotonic() - started) * 1000
+            if envelope is None:
+                return CallOutcome(state="failed", duration_ms=duration, meta={"timed_out": True, "retryable": True},
+                                   error=(f"the tool did not finish within {timeout:g} s (it runs inside the worker "
+                                          "and goes on in the background; runIsolated would have killed it)"))
+            return _outcome_of_envelope(envelope, duration, None, cap)
+        paths = [*python_paths(), *([agent.base_dir] if agent.base_dir else [])]
+        argv = [sys.executable, "-I", "-B", "-c", CHILD_BOOTSTRAP]
+        run = self.sandbox.run(argv, child_request(spec, args, paths, cap), call_env=call_env(session_id, call),
+                               env_names=tool.env, limits=limits, timeout=timeout, network=tool.network,
+                               needs=[sys.executable, *paths])
+        proc = run.process
+        if proc.timed_out or proc.exit_status != 0:
+            outcome = outcome_of(proc, timeout=timeout, limits=limits)
+        else:
+            try:
+                envelope = json.loads(proc.stdout.decode(errors="replace"))
+            except json.JSONDecodeError:
+                envelope = {"ok": False, "kind": "exception", "retryable": False,
+                            "error": "the tool's answer was cut or unreadable: "
+                                     + (proc.stderr.decode(errors="replace").strip()[-2000:] or "no error output")}
+            outcome = _outcome_of_envelope(envelope, proc.duration_ms, proc.exit_status, cap)
+        outcome.meta.update(run.meta)
+        return outcome
 
-    def _python(self, tool: ToolSpec, session_id: str, call: TrackedCall) -> CallOutcome:
-        started = time.monotonic()
-        module_name, _, func_name = (tool.python or "").partition(":")
-        try:
-            func = getattr(importlib.import_module(module_name), func_name)
-        except (ImportError, AttributeError) as exc:
-            return CallOutcome(state="failed", error=f"cannot load {tool.python}: {exc}", attempts=0)
-        args = call.arguments if isinstance(call.arguments, dict) else {}
-        try:
-            value = func(**args)
-        except TypeError as exc:
-            return CallOutcome(state="failed", error=f"bad arguments for {tool.name}: {exc}",
-                               duration_ms=(time.monotonic() - started) * 1000)
-        except Exception as exc:
-            tb = traceback.format_exception_only(type(exc), exc)[-1].strip()
-            return CallOutcome(state="failed", error=tb, duration_ms=(time.monotonic() - started) * 1000,
-                               meta={"retryable": bool(getattr(exc, "retryable", False))})
-        try:
-            json.dumps(value)
-        except (TypeError, ValueError):
-            value = str(value)
-        return CallOutcome(state="completed", result=value, duration_ms=(time.monotonic() - started) * 1000)
+
+def _outcome_of_envelope(envelope: dict[str, Any], duration_ms: float, exit_status: int | None,
+                         cap: int) -> CallOutcome:
+    if not envelope.get("ok"):
+        meta: dict[str, Any] = {"retryable": bool(envelope.get("retryable"))}
+        if envelope.get("kind") == "arguments":
+            meta["invalid_arguments"] = True
+        return CallOutcome(state="failed", error=str(envelope.get("error") or "the tool failed"),
+                           duration_ms=duration_ms, exit_status=exit_status, meta=meta)
+    meta = {}
+    result, media = split_media(envelope.get("value"))
+    if envelope.get("output_capped"):
+        meta["output_capped"] = envelope["output_capped"]
+    else:
+        result, size = cut(result, cap)
+        if size is not None:
+            meta["output_capped"] = {"written": size, "cap": cap}
+    return CallOutcome(state="completed", result=result, media=media, duration_ms=duration_ms,
+                       exit_status=exit_status, meta=meta)
+
+
+def _folder(agent: AgentSpec) -> str | None:
+    return agent.base_dir if agent.base_dir and os.path.isdir(agent.base_dir) else None
+
+
+def _program_paths(argv: list[str]) -> list[str]:
+    """What a sandboxed command cannot run without: its program and the files its argv names."""
+    found = shutil.which(argv[0]) if argv else None
+    return [*([found] if found else []), *(a for a in argv if os.path.isabs(a) and os.path.exists(a))]

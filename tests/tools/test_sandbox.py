@@ -1,0 +1,170 @@
+"""The runIsolated sandbox against tools that misbehave on purpose, at each level (rlimits, and
+bubblewrap where it works): each attempt is contained and reported, and the test process (the
+worker) stays healthy."""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from celery_agents.tools import ToolRunner
+from celery_agents.tools.sandbox import reachable_by_others
+from tests.tools.conftest import PY, alive_as, alive_with, make_agent, run_tool, write_program
+
+_RLIMITS = ("RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_NOFILE", "RLIMIT_FSIZE", "RLIMIT_NPROC")
+
+
+@pytest.fixture(autouse=True)
+def worker_stays_healthy() -> Iterator[None]:
+    """After every test: this process's own limits are untouched and it can still start processes."""
+    before = {name: resource.getrlimit(getattr(resource, name)) for name in _RLIMITS}
+    yield
+    assert {name: resource.getrlimit(getattr(resource, name)) for name in _RLIMITS} == before
+    assert subprocess.run([PY, "-c", "print('alive')"], capture_output=True, timeout=30).stdout == b"alive\n"
+
+
+def tool(name: str, code: str, marker: str = "", **extra: object) -> dict[str, object]:
+    return {"name": name, "command": [PY, "-c", code, marker or name], **extra}
+
+
+def own_uid_possible() -> bool:
+    return os.geteuid() == 0 and reachable_by_others(PY)
+
+
+def test_the_worker_secrets_are_not_in_the_tool_environment(isolated: ToolRunner, level: str,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENTS_REDIS_URL", "redis://:hunter2@10.0.0.1:6379/0")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-worker-secret")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "aws-worker-secret")
+    monkeypatch.setenv("WEATHER_API_KEY", "wk-granted")
+    agent = make_agent([tool("env", "import json, os; print(json.dumps({'env': dict(os.environ), 'cwd': os.getcwd()}))",
+                             env=["WEATHER_API_KEY"])])
+    out = run_tool(isolated, agent, "env", session_id="s-env", call_id="call_env")
+    assert out.state == "completed", out.error
+    env = out.result["env"]
+    assert not {"AGENTS_REDIS_URL", "OPENAI_API_KEY", "AWS_SECRET_ACCESS_KEY"} & set(env)
+    assert "hunter2" not in str(out.result) and "worker-secret" not in str(out.result)
+    assert env["WEATHER_API_KEY"] == "wk-granted", "a variable the tool names in env is passed"
+    assert (env["AGENTS_SESSION_ID"], env["AGENTS_CALL_ID"]) == ("s-env", "call_env")
+    assert env["HOME"] == out.result["cwd"] == env["TMPDIR"]
+    assert not os.path.exists(out.result["cwd"]), "the run's directory is removed afterwards"
+    assert out.meta["isolation"] == level
+
+
+def test_writing_outside_its_directory_is_refused(isolated: ToolRunner, level: str, tooldir: Path) -> None:
+    if level == "rlimits" and not own_uid_possible():
+        pytest.skip("without bubblewrap only a root worker (which runs tools under their own uid) can refuse this")
+    victim = tooldir / "worker-data.txt"
+    victim.write_text("precious")
+    victim.chmod(0o644)
+    escape = Path("/tmp") / f"agents-escape-{uuid.uuid4().hex}"
+    agent = make_agent([
+        tool("overwrite", f"open({str(victim)!r}, 'w').write('pwned')"),
+        tool("create", f"open({str(tooldir / 'planted.txt')!r}, 'w').write('pwned')"),
+        tool("home", "import os; open(os.path.expanduser('~/kept.txt'), 'w').write('x'); print(os.getcwd())"),
+        tool("tmp", f"open({str(escape)!r}, 'w').write('x')"),
+    ])
+    for name in ("overwrite", "create"):
+        out = run_tool(isolated, agent, name)
+        assert out.state == "failed" and ("Permission denied" in out.error or "Read-only file system" in out.error
+                                          or "No such file" in out.error), out.error
+    assert victim.read_text() == "precious" and not (tooldir / "planted.txt").exists()
+    home = run_tool(isolated, agent, "home")
+    assert home.state == "completed" and not os.path.exists(home.result), "its own files go with its directory"
+    out = run_tool(isolated, agent, "tmp")
+    if level == "bwrap":
+        assert not escape.exists(), "under bubblewrap /tmp is the sandbox's own"
+    else:
+        # Documented limit of the rlimits level: world-writable folders stay writable.
+        escape.unlink(missing_ok=True)
+
+
+def test_allocating_past_the_memory_limit_fails_the_call(isolated: ToolRunner) -> None:
+    agent = make_agent([tool("hog", "b = bytearray(1024 * 1024 * 1024); print(len(b))", limits={"memoryMb": 256})])
+    out = run_tool(isolated, agent, "hog")
+    assert out.state == "failed" and "MemoryError" in out.error
+    assert out.meta["limits"]["memoryMb"] == 256
+
+
+def test_a_fork_bomb_is_capped_and_killed_at_the_timeout(isolated: ToolRunner, level: str) -> None:
+    if os.geteuid() == 0 and not own_uid_possible() and level == "rlimits":
+        pytest.skip("a root worker could not give this interpreter its own uid: the process limit would not hold")
+    marker = f"bomb-{uuid.uuid4().hex}"
+    code = ("import os, time\n"
+            "while True:\n"
+            "    try:\n"
+            "        os.fork()\n"
+            "    except OSError:\n"
+            "        time.sleep(0.01)\n")
+    agent = make_agent([tool("bomb", code, marker, limits={"processes": 24})],
+                       rules=[{"tool": "bomb", "disposition": {"tag": "runIsolated", "timeoutSeconds": 2}}])
+    started = time.monotonic()
+    out = run_tool(isolated, agent, "bomb")
+    assert out.state == "failed" and out.meta["timed_out"] and "did not finish within 2 s" in out.error
+    assert time.monotonic() - started < 2 + 1 + 5 + 5
+    assert alive_with(marker) == [], "every process of the bomb is gone"
+    if out.meta.get("uid") is not None:
+        assert alive_as(int(out.meta["uid"])) == []
+
+
+def test_past_its_timeout_the_whole_tree_dies_even_what_ignores_sigterm_or_left_the_group(
+        isolated: ToolRunner, tooldir: Path) -> None:
+    marker = f"stubborn-{uuid.uuid4().hex}"
+    write_program(tooldir, "stubborn.py", """
+        import os, subprocess, sys, time
+        marker = sys.argv[1]
+        subprocess.Popen([sys.executable, "-c",
+            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)", marker])
+        subprocess.Popen([sys.executable, "-c", "import os, time; os.setsid(); time.sleep(600)", marker])
+        time.sleep(600)
+    """)
+    agent = make_agent([{"name": "stubborn", "command": [PY, str(tooldir / "stubborn.py"), marker]}],
+                       rules=[{"tool": "stubborn", "disposition": {"tag": "runIsolated", "timeoutSeconds": 1}}])
+    out = run_tool(isolated, agent, "stubborn")
+    assert out.state == "failed" and out.meta["timed_out"]
+    assert "did not finish within 1 s and was killed" in out.error
+    assert alive_with(marker) == []
+
+
+def test_a_busy_loop_stops_at_its_cpu_limit(isolated: ToolRunner) -> None:
+    agent = make_agent([tool("spin", "while True: pass", limits={"cpuSeconds": 1})])
+    out = run_tool(isolated, agent, "spin")
+    assert out.state == "failed" and not out.meta.get("timed_out")
+    assert "CPU time limit" in out.error or "killed by SIGKILL" in out.error, out.error
+
+
+def test_a_file_past_the_size_limit_is_refused(isolated: ToolRunner) -> None:
+    agent = make_agent([tool("fill", "open('big.bin', 'wb').write(b'x' * 5 * 1024 * 1024)", limits={"fileSizeMb": 1})])
+    out = run_tool(isolated, agent, "fill")
+    assert out.state == "failed" and ("File too large" in out.error or "file size limit" in out.error), out.error
+
+
+def test_too_many_open_files_are_refused(isolated: ToolRunner) -> None:
+    agent = make_agent([tool("files", "fs = [open(f'f{i}', 'w') for i in range(200)]", limits={"openFiles": 32})])
+    out = run_tool(isolated, agent, "files")
+    assert out.state == "failed" and "Too many open files" in out.error
+
+
+def test_a_flood_of_output_is_capped_without_filling_the_worker(isolated: ToolRunner) -> None:
+    agent = make_agent([tool("flood", "import sys\nfor _ in range(400): sys.stdout.write('w' * 65536)",
+                             limits={"outputBytes": 2000})])
+    out = run_tool(isolated, agent, "flood")
+    assert out.state == "completed"
+    assert out.result.startswith("w" * 2000) and "the tool wrote 26214400 bytes; only the first 2000" in out.result
+    assert out.meta["output_capped"] == {"written": 26214400, "cap": 2000}
+
+
+def test_a_root_worker_runs_each_tool_under_a_uid_of_its_own(isolated: ToolRunner, level: str) -> None:
+    if not own_uid_possible() and not (os.geteuid() == 0 and level == "bwrap"):
+        pytest.skip("only a root worker changes the tool's uid")
+    agent = make_agent([tool("uid", "import os; print(os.getuid())")])
+    first, second = run_tool(isolated, agent, "uid"), run_tool(isolated, agent, "uid")
+    assert first.result != 0 and first.result == first.meta["uid"]
+    assert second.result != first.result
