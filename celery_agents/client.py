@@ -238,13 +238,13 @@ class Client:
     def catch_up(self) -> None:
         """Apply what only workers apply otherwise: due deadlines and, when no worker runs, the
         completions other systems wrote to the stream."""
-        from celery_agents.runtime.completions import CompletionConsumer
-
         store = self.store
         for sid, finished in store.expire_due():
             if finished.woken and self._publish_wakes():
                 self._wake(sid, finished.version)
-        if self.inline and not store.live_workers():
+        if self.inline and store.client.xlen(store.keys.completions) and not store.live_workers():
+            from celery_agents.runtime.completions import CompletionConsumer
+
             CompletionConsumer(store, self.owner).poll(block_ms=None)
 
     def _wake(self, session_id: str, version: int) -> None:

@@ -139,8 +139,15 @@ def _warn_no_workers(client: Any) -> None:
         return
     from celery_agents.cli.output import err
 
-    if not client.store.live_workers():
+    workers = client.store.live_workers()
+    if not workers:
         err.print("[yellow]no worker is running: start one with `agents worker` (or use --inline)[/]")
+        return
+    served = {q for w in workers for q in w.get("queues", [])}
+    for queue, what in (("steps", "steps"), ("tools", "runAsync calls"), ("isolated", "runIsolated calls")):
+        if queue not in served:
+            hint = " (or run them here: agents session run-isolated ID)" if queue == "isolated" else ""
+            err.print(f"[yellow]no worker consumes the {queue} queue: {what} wait until one does{hint}[/]")
 
 
 # -- commands ----------------------------------------------------------------------------------
