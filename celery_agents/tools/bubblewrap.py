@@ -43,7 +43,7 @@ def bwrap_argv(bwrap: str, workdir: str, readable: Iterable[str], network: bool,
             argv.append("--share-net")
     for path in (*_SYSTEM, *_ETC, *(_NETWORK_ETC if network else ())):
         argv += ["--ro-bind-try", path, path]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp"]
     bound = [p for p in _SYSTEM if os.path.exists(p)] + ["/tmp"]
     made: set[str] = set()
     wanted = sorted({os.path.realpath(p) for p in readable if os.path.exists(p)} | {p for p in readable if

@@ -22,6 +22,7 @@ import resource
 import signal
 import sys
 import time
+from typing import Any
 
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_NO_NEW_PRIVS = 38
@@ -50,7 +51,7 @@ def _drop_to(uid: int, gid: int) -> None:
     os.setuid(uid)
 
 
-def _exec(argv: list, uid: object) -> None:
+def _exec(argv: list[str], uid: object) -> None:
     try:
         os.execvp(argv[0], argv)
     except OSError as exc:
@@ -85,7 +86,7 @@ def _tasks_of_uid(uid: int) -> int:
     return count
 
 
-def _exec_tool(cfg: dict) -> None:
+def _exec_tool(cfg: dict[str, Any]) -> None:
     """In the forked child: confine, then become the tool. Never returns."""
     try:
         os.setpgid(0, 0)
@@ -140,7 +141,7 @@ def _signal_tree(pgid: int, sig: int) -> None:
             os.kill(pid, sig)
 
 
-def _reap(main: int, status: dict) -> bool:
+def _reap(main: int, status: dict[str, Any]) -> bool:
     """Reap every exited child; True while any child remains."""
     while True:
         try:

@@ -80,6 +80,7 @@ def test_writing_outside_its_directory_is_refused(isolated: ToolRunner, level: s
     assert home.state == "completed" and not os.path.exists(home.result), "its own files go with its directory"
     out = run_tool(isolated, agent, "tmp")
     if level == "bwrap":
+        assert out.state == "completed", out.error
         assert not escape.exists(), "under bubblewrap /tmp is the sandbox's own"
     else:
         # Documented limit of the rlimits level: world-writable folders stay writable.
@@ -112,6 +113,28 @@ def test_a_fork_bomb_is_capped_and_killed_at_the_timeout(isolated: ToolRunner, l
     assert alive_with(marker) == [], "every process of the bomb is gone"
     if out.meta.get("uid") is not None:
         assert alive_as(int(out.meta["uid"])) == []
+
+
+def test_forking_stops_at_the_process_limit(isolated: ToolRunner, level: str) -> None:
+    if os.geteuid() == 0 and not own_uid_possible() and level == "rlimits":
+        pytest.skip("a root worker could not give this interpreter its own uid: the process limit would not hold")
+    marker = f"forks-{uuid.uuid4().hex}"
+    code = ("import os, time\n"
+            "n = 0\n"
+            "while n < 1000:\n"
+            "    try:\n"
+            "        pid = os.fork()\n"
+            "    except OSError:\n"
+            "        break\n"
+            "    if pid == 0:\n"
+            "        time.sleep(600)\n"
+            "    n += 1\n"
+            "print(n)\n")
+    agent = make_agent([tool("forks", code, marker, limits={"processes": 20})])
+    out = run_tool(isolated, agent, "forks")
+    assert out.state == "completed", out.error
+    assert 0 < out.result < 20 + 8, "the kernel refused forks past the limit (a shared uid allows a little slack)"
+    assert alive_with(marker) == [], "the children it left are killed when it exits"
 
 
 def test_past_its_timeout_the_whole_tree_dies_even_what_ignores_sigterm_or_left_the_group(
