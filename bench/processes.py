@@ -212,6 +212,13 @@ def tree_cpu_seconds(pid: int) -> float:
     return total / tick
 
 
+def own_cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) of one process alone, all its threads (Linux /proc)."""
+    fields = _stat(pid)
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    return sum(int(x) for x in fields[11:13]) / tick if fields else 0.0
+
+
 def agents_env(redis_url: str, prefix: str, **extra: str) -> dict[str, str]:
     """The environment of an `agents` process on the benchmark's Redis and prefix."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTS_")}

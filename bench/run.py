@@ -38,7 +38,7 @@ if __package__ in (None, ""):
 
 import redis
 
-from bench.processes import Processes, agents_env, time_cli, tree_cpu_seconds, wait_heartbeat
+from bench.processes import Processes, agents_env, own_cpu_seconds, time_cli, tree_cpu_seconds, wait_heartbeat
 from bench.write_growth import measure as measure_write_growth
 
 STEP_AGENT: dict[str, Any] = {"slug": "bench", "model": "demo/bench"}
@@ -108,6 +108,7 @@ class CpuSplit:
 
     def _now(self) -> dict[str, float]:
         now = {name: tree_cpu_seconds(pid) for name, pid in self.pids.items() if pid}
+        now["worker_main_process"] = own_cpu_seconds(self.pids["worker"] or 0)
         now["bench"] = time.process_time()
         return now
 
