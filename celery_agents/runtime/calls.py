@@ -9,6 +9,7 @@ from celery_agents.model import CallState, TrackedCall
 from celery_agents.runtime.lease import LeaseKeeper
 from celery_agents.scheduler.ports import ToolPort
 from celery_agents.store import Finished, Store, outcome_json
+from celery_agents.tools.cancel import cancellable
 
 
 @dataclass
@@ -39,7 +40,13 @@ def run_call(store: Store, session_id: str, field: str, tools: ToolPort, owner: 
     try:
         agent = store.agent(agent_hash)
         started = time.time()
-        with LeaseKeeper(store, lease_key, owner):
+        pending_key = k.pending(session_id)
+
+        def still_wanted() -> bool:
+            # A cancelled session empties its pending set: then the call's processes are killed.
+            return bool(store.client.sismember(pending_key, field))
+
+        with LeaseKeeper(store, lease_key, owner, still_wanted=still_wanted) as keeper, cancellable(keeper.cancel):
             outcome = tools.run(agent, session_id, call.model_copy(update={"started_at": started}))
         state = CallState.COMPLETED if outcome.state == "completed" else CallState.FAILED
         meta = dict(outcome.meta)

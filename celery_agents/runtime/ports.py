@@ -50,7 +50,9 @@ class JournaledLlm:
 
 
 def outcome_to_json(outcome: CallOutcome) -> str:
-    return json.dumps(asdict(outcome), ensure_ascii=False, default=str)
+    data = asdict(outcome)
+    data["media"] = [m.model_dump() for m in outcome.media]
+    return json.dumps(data, ensure_ascii=False, default=str)
 
 
 def outcome_from_json(raw: str) -> CallOutcome:

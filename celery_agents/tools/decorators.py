@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from celery_agents.model.agent import Disposition, Limits, ToolSpec
 from celery_agents.scheduler.ports import CallOutcome
+from celery_agents.tools.cancel import cancelled
 from celery_agents.tools.output import cut
 
 DEFAULT_BACKOFF = 0.5
@@ -45,7 +46,7 @@ def with_retries(once: Callable[[], CallOutcome], disp: Disposition,
     for attempt in range(1, allowed + 1):
         outcome = once()
         outcome.attempts = attempt
-        if outcome.state == "completed" or not outcome.meta.get("retryable") or attempt == allowed:
+        if outcome.state == "completed" or not outcome.meta.get("retryable") or attempt == allowed or cancelled():
             break
         errors.append(outcome.error or "failed")
         sleep(backoff_delay(disp, attempt))

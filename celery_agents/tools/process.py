@@ -17,6 +17,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from celery_agents.tools.cancel import cancelled
+
 STDERR_CAP = 64 * 1024
 #: after the leader exits, how long descendants' last output is still read
 _DRAIN_SECONDS = 1.0
@@ -218,8 +220,8 @@ def run_process(argv: Sequence[str], stdin: bytes, *, env: dict[str, str], cwd: 
         while True:
             now = time.monotonic()
             if drain_end is None:
-                if now >= deadline:
-                    timed_out = True
+                if now >= deadline or cancelled():
+                    timed_out = now >= deadline
                     kill_group(proc, grace)
                     drain_end = time.monotonic() + _DRAIN_SECONDS
                 elif _leader_exited(proc):

@@ -4,6 +4,7 @@ completers, expiry, pause and cancel — on real workers."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -218,11 +219,11 @@ def test_pause_holds_and_resume_continues(
         assert len(runs(log)) == 1
 
 
-def test_cancel_kills_nothing_twice_and_refuses_tokens(
+def test_cancel_kills_the_running_tool_and_refuses_tokens(
     workers: Any, module_settings: Settings, llm_server: LlmServer, write_agent: Any, tmp_path: Path
 ) -> None:
     log = tmp_path / "runs.jsonl"
-    scenario = llm_server.scenario([calls(("slow_async", {"x": 1, "sleep": 3}), ("ask_a", {"n": 1})), text("no")])
+    scenario = llm_server.scenario([calls(("slow_async", {"x": 1, "sleep": 60}), ("ask_a", {"n": 1})), text("no")])
     path = write_agent(
         agent(
             scenario,
@@ -233,7 +234,7 @@ def test_cancel_kills_nothing_twice_and_refuses_tokens(
     )
     with Client(module_settings, inline=False) as client:
         sid = client.start(path, "go", run=True, wait=False).session_id
-        wait_for(lambda: runs(log, phase="start"), what="the async tool to start")
+        (started,) = wait_for(lambda: runs(log, phase="start"), what="the async tool to start")
         token = next(p.token for p in client.pending(sid) if p.tool == "ask_a")
         view = client.cancel(sid)
         assert view.state.value == "cancelled" and view.pending == []
@@ -242,15 +243,18 @@ def test_cancel_kills_nothing_twice_and_refuses_tokens(
         store = client.store
         calls_now = {c.tool: c.state.value for c in store.calls(sid)}
         assert calls_now == {"slow_async": "cancelled", "ask_a": "cancelled"}
-        # The tool's own result, when it comes, changes nothing.
-        wait_for(
-            lambda: (
-                any(e["type"] == "tool_finished" for e in store.read_events(sid))
-                or not store.client.exists(store.keys.call_lease(sid, "1:0"))
-            ),
-            timeout=30,
-            what="the tool run to end",
-        )
+
+        def gone(pid: int) -> bool:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return True
+            return False
+
+        # The tool's process is killed (it would sleep a minute), and its worker lets go of the call.
+        wait_for(lambda: gone(started["pid"]), timeout=10, what="the running tool to be killed")
+        wait_for(lambda: not store.client.exists(store.keys.call_lease(sid, "1:0")), what="the call lease to go")
+        assert runs(log, "slow_async", phase="end") == []
         assert {c.tool: c.state.value for c in store.calls(sid)} == calls_now
         assert store.header(sid).status.value == "cancelled"
         with pytest.raises(TokenCancelled):

@@ -6,8 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from celery_agents import Client
 from celery_agents.config import Settings
 from celery_agents.model import State
@@ -64,8 +62,6 @@ def test_duration_exit_status_and_attempts_are_recorded(settings: Settings, llm_
     assert fails["meta"]["isolation"] in ("rlimits", "bwrap") and fails["duration_ms"] > 0
 
 
-@pytest.mark.xfail(reason="runtime/ports.py outcome_to_json journals Media objects as their str(): a runSync "
-                          "tool's media fails the step until it dumps them with model_dump()", strict=False)
 def test_a_runsync_image_reaches_the_model_as_media(settings: Settings, llm_server: LlmServer,
                                                     write_agent: Any) -> None:
     shown, _ = run_session(settings, llm_server, write_agent,

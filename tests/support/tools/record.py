@@ -12,7 +12,15 @@ args = json.load(sys.stdin)
 delay = float(args.get("sleep", 0))
 with open(log, "a") as f:
     f.write(
-        json.dumps({"tool": name, "key": os.environ.get("AGENTS_IDEMPOTENCY_KEY"), "args": args, "phase": "start"})
+        json.dumps(
+            {
+                "tool": name,
+                "key": os.environ.get("AGENTS_IDEMPOTENCY_KEY"),
+                "args": args,
+                "phase": "start",
+                "pid": os.getpid(),
+            }
+        )
         + "\n"
     )
 if delay:
