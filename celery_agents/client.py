@@ -104,32 +104,36 @@ class Client:
     # -- views -------------------------------------------------------------------------------
     def view(self, session_id: str, *, detail: bool = False, header: SessionHeader | None = None) -> SessionView:
         """The contract's session view; `detail` adds the turns and every tracked call."""
-        store = self.store
-        h = header or store.header(session_id)
-        pending = store.pending_view(session_id) if h.status == Status.ACTIVE or h.state == State.WAITING else []
-        state = h.state
-        if h.status == Status.ACTIVE and store.lease_holder(session_id):
-            state = State.RUNNING
-        view = SessionView(
-            session_id=h.session_id,
-            state=state,
-            head=h.head,
-            version=h.version,
-            steps=h.steps,
-            pending=pending,
-            response=h.response,
-            error=h.error,
-            status=h.status,
-            drive=h.drive,
-            agent=h.agent_slug,
-            usage=h.usage,
-            created_at=h.created_at,
-            updated_at=h.updated_at,
-        )
+        h = header or self.store.header(session_id)
+        view = self._views([h])[0]
         if detail:
-            view.turns = [t.model_dump(mode="json") for t in store.turns(session_id)]
-            view.calls = [c.model_dump(mode="json") for c in store.calls(session_id)]
+            view.turns = [t.model_dump(mode="json") for t in self.store.turns(session_id)]
+            view.calls = [c.model_dump(mode="json") for c in self.store.calls(session_id)]
         return view
+
+    def _views(self, headers: list[SessionHeader]) -> list[SessionView]:
+        views = []
+        for h, (pending, leased) in zip(headers, self.store.live_state(headers), strict=True):
+            running = h.status == Status.ACTIVE and leased
+            views.append(
+                SessionView(
+                    session_id=h.session_id,
+                    state=State.RUNNING if running else h.state,
+                    head=h.head,
+                    version=h.version,
+                    steps=h.steps,
+                    pending=pending,
+                    response=h.response,
+                    error=h.error,
+                    status=h.status,
+                    drive=h.drive,
+                    agent=h.agent_slug,
+                    usage=h.usage,
+                    created_at=h.created_at,
+                    updated_at=h.updated_at,
+                )
+            )
+        return views
 
     def show(self, session_id: str, *, detail: bool = True) -> SessionView:
         self.catch_up()
@@ -138,7 +142,7 @@ class Client:
     def list(self, status: str | None = None, limit: int = 50) -> list[SessionView]:
         if status is not None and status not in {s.value for s in State} - {"running"}:
             raise InvalidInput(f"unknown status {status!r}: use ready, tools, waiting, completed, failed or cancelled")
-        return [self.view(h.session_id, header=h) for h in self.store.list_sessions(status, limit)]
+        return self._views(self.store.list_sessions(status, limit))
 
     def pending(self, session_id: str | None = None, limit: int = 1000) -> list[PendingCall]:
         self.catch_up()

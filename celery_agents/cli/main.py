@@ -60,12 +60,12 @@ ThinkingOpt = Annotated[Thinking, typer.Option("--thinking", help="Where the mod
 
 # -- plumbing ----------------------------------------------------------------------------------
 def _fail(exc: AgentsError, as_json: bool) -> NoReturn:
-    from celery_agents.cli.output import emit_json, err
+    from celery_agents.cli import output
 
     if as_json:
-        emit_json(exc.to_json())
+        output.emit_json(exc.to_json())
     else:
-        err.print(f"[red]error:[/] {exc.message}", markup=True, highlight=False)
+        output.err.print(f"[red]error:[/] {output.escape(exc.message)}", markup=True, highlight=False)
     raise typer.Exit(exc.exit_code)
 
 
@@ -99,16 +99,16 @@ def _prompt(prompts: list[str] | None, files: list[str] | None, media: list[str]
 
 
 def _print_view(view: Any, as_json: bool, thinking: Thinking = Thinking.none, answer_to_stdout: bool = False) -> None:
-    from celery_agents.cli.output import emit_json, err, out, render_view
+    from celery_agents.cli import output
 
     if as_json:
-        emit_json(view.to_json())
+        output.emit_json(view.to_json())
         return
     if thinking != Thinking.none and view.state.value == "completed":
         _print_thinking(view, thinking)
-    render_view(view, err, answer=not answer_to_stdout)
+    output.render_view(view, answer=not answer_to_stdout)
     if answer_to_stdout and view.state.value == "completed" and view.response is not None:
-        out.print(view.response, markup=False)
+        output.out.print(view.response, markup=False)
 
 
 def _exit_if_ended_badly(view: Any) -> None:
@@ -137,17 +137,21 @@ def _progress(as_json: bool) -> Any:
 def _warn_no_workers(client: Any) -> None:
     if client.inline:
         return
-    from celery_agents.cli.output import err
-
     workers = client.store.live_workers()
-    if not workers:
-        err.print("[yellow]no worker is running: start one with `agents worker` (or use --inline)[/]")
-        return
     served = {q for w in workers for q in w.get("queues", [])}
-    for queue, what in (("steps", "steps"), ("tools", "runAsync calls"), ("isolated", "runIsolated calls")):
-        if queue not in served:
-            hint = " (or run them here: agents session run-isolated ID)" if queue == "isolated" else ""
-            err.print(f"[yellow]no worker consumes the {queue} queue: {what} wait until one does{hint}[/]")
+    warnings = []
+    if not workers:
+        warnings.append("no worker is running: start one with `agents worker` (or use --inline)")
+    else:
+        for queue, what in (("steps", "steps"), ("tools", "runAsync calls"), ("isolated", "runIsolated calls")):
+            if queue not in served:
+                hint = " (or run them here: agents session run-isolated ID)" if queue == "isolated" else ""
+                warnings.append(f"no worker consumes the {queue} queue: {what} wait until one does{hint}")
+    if warnings:
+        from celery_agents.cli.output import err
+
+        for w in warnings:
+            err.print(f"[yellow]{w}[/]")
 
 
 # -- commands ----------------------------------------------------------------------------------
@@ -307,15 +311,15 @@ def session_show(
     thinking: Annotated[bool, typer.Option("--thinking/--no-thinking", help="Show the model's reasoning.")] = True,
 ) -> None:
     """Show a session: its state, turns (text, reasoning, tool calls and results), usage and cost."""
-    from celery_agents.cli.output import emit_json, err, render_turns, render_view
+    from celery_agents.cli.output import emit_json, render_turns, render_view
 
     with _command(as_json) as client:
         view = client.show(session_id)
         if as_json:
             emit_json(view.to_json())
         else:
-            render_turns(view, err, thinking=thinking)
-            render_view(view, err)
+            render_turns(view, thinking=thinking)
+            render_view(view)
 
 
 @session_app.command("list")

@@ -6,19 +6,46 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Any
-
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
+from typing import TYPE_CHECKING, Any
 
 from celery_agents.model import CompletionOutcome, PendingCall, SessionView
 
-err = Console(stderr=True, highlight=False, soft_wrap=True)
-out = Console(highlight=False, soft_wrap=True)
+if TYPE_CHECKING:
+    from rich.console import Console
 
-_STATE_STYLE = {"completed": "green", "failed": "red", "cancelled": "red", "waiting": "yellow", "running": "cyan",
-                "ready": "blue", "tools": "blue"}
+_consoles: dict[str, Any] = {}
+
+
+def __getattr__(name: str) -> Any:
+    """`err` and `out`, rich consoles made on first use: `--json` commands never import rich."""
+    if name not in ("err", "out"):
+        raise AttributeError(name)
+    if name not in _consoles:
+        from rich.console import Console
+
+        _consoles[name] = Console(stderr=name == "err", highlight=False, soft_wrap=True)
+    return _consoles[name]
+
+
+def _console(console: Console | None) -> Console:
+    return console if console is not None else __getattr__("err")
+
+
+def escape(text: str) -> str:
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
+
+
+_STATE_STYLE = {
+    "completed": "green",
+    "failed": "red",
+    "cancelled": "red",
+    "waiting": "yellow",
+    "running": "cyan",
+    "ready": "blue",
+    "tools": "blue",
+}
 
 
 def emit_json(doc: Any) -> None:
@@ -42,7 +69,8 @@ def state_text(state: str) -> str:
     return f"[{_STATE_STYLE.get(state, 'white')}]{state}[/]"
 
 
-def render_pending(pending: list[PendingCall], console: Console = err) -> None:
+def render_pending(pending: list[PendingCall], console: Console | None = None) -> None:
+    console = _console(console)
     if not pending:
         console.print("no pending calls")
         return
@@ -57,9 +85,12 @@ def render_pending(pending: list[PendingCall], console: Console = err) -> None:
             console.print(f"  complete it: agents session complete {p.token} RESULT_FILE")
 
 
-def render_view(view: SessionView, console: Console = err, answer: bool = True) -> None:
-    console.print(f"session [bold]{view.session_id}[/] ({escape(view.agent)})  state {state_text(view.state.value)}"
-                  f"  head {view.head or '-'}  version {view.version}  steps {view.steps}  drive {view.drive}")
+def render_view(view: SessionView, console: Console | None = None, answer: bool = True) -> None:
+    console = _console(console)
+    console.print(
+        f"session [bold]{view.session_id}[/] ({escape(view.agent)})  state {state_text(view.state.value)}"
+        f"  head {view.head or '-'}  version {view.version}  steps {view.steps}  drive {view.drive}"
+    )
     if view.pending:
         render_pending(view.pending, console)
     if view.error:
@@ -71,7 +102,8 @@ def render_view(view: SessionView, console: Console = err, answer: bool = True) 
         console.print(f"  next: agents session step {view.session_id}   (or resume to run it through)")
 
 
-def render_turns(view: SessionView, console: Console = err, thinking: bool = True) -> None:
+def render_turns(view: SessionView, console: Console | None = None, thinking: bool = True) -> None:
+    console = _console(console)
     calls = {(c["batch"], c["call_id"]): c for c in (view.calls or [])}
     for i, turn in enumerate(view.turns or []):
         if turn["kind"] == "UserTurn":
@@ -82,8 +114,10 @@ def render_turns(view: SessionView, console: Console = err, thinking: bool = Tru
                     console.print(f"  [dim]attached {m.get('filename') or m['mime_type']}[/]")
             for r in turn.get("tool_responses", []):
                 style = "red" if r.get("is_error") else "magenta"
-                console.print(f"[{style}]result[/] {escape(r['tool'])} {escape('[' + r['call_id'] + ']')}: "
-                              f"{escape(_short(r.get('content'), 300))}")
+                console.print(
+                    f"[{style}]result[/] {escape(r['tool'])} {escape('[' + r['call_id'] + ']')}: "
+                    f"{escape(_short(r.get('content'), 300))}"
+                )
         else:
             if thinking and turn.get("reasoning"):
                 console.print(f"[dim italic]thinking: {escape(turn['reasoning'])}[/]")
@@ -101,36 +135,47 @@ def render_turns(view: SessionView, console: Console = err, thinking: bool = Tru
                     if call.get("attempts"):
                         extra += f", {call['attempts']} attempt(s)"
                     extra += "[/]"
-                console.print(f"[yellow]call[/] {escape(c['name'])}({escape(_short(c['arguments'], 200))})"
-                              f" {escape('[' + c['id'] + ']')}{extra}")
+                console.print(
+                    f"[yellow]call[/] {escape(c['name'])}({escape(_short(c['arguments'], 200))})"
+                    f" {escape('[' + c['id'] + ']')}{extra}"
+                )
             u = turn.get("usage") or {}
             if u.get("total_tokens"):
                 cost = f", ${u['cost']:.6f}" if u.get("cost") is not None else ""
                 reasoning = f", {u['reasoning_tokens']} reasoning" if u.get("reasoning_tokens") else ""
-                console.print(f"  [dim]{turn.get('model', '')}: {u.get('prompt_tokens', 0)} in, "
-                              f"{u.get('completion_tokens', 0)} out{reasoning}{cost}[/]")
+                console.print(
+                    f"  [dim]{turn.get('model', '')}: {u.get('prompt_tokens', 0)} in, "
+                    f"{u.get('completion_tokens', 0)} out{reasoning}{cost}[/]"
+                )
     u = view.usage
     if u.total_tokens:
         cost = f", ${u.cost:.6f}" if u.cost is not None else ""
         console.print(f"[dim]total: {u.total_tokens} tokens{cost}[/]")
 
 
-def render_list(views: list[SessionView], console: Console = err) -> None:
+def render_list(views: list[SessionView], console: Console | None = None) -> None:
+    console = _console(console)
     if not views:
         console.print("no sessions")
         return
+    from rich.table import Table
+
     table = Table(show_header=True, header_style="bold", box=None)
     for col in ("session", "agent", "state", "steps", "pending", "updated"):
         table.add_column(col, no_wrap=True)
     for v in views:
-        table.add_row(v.session_id, v.agent, state_text(v.state.value), str(v.steps), str(len(v.pending)),
-                      _when(v.updated_at))
+        table.add_row(
+            v.session_id, v.agent, state_text(v.state.value), str(v.steps), str(len(v.pending)), _when(v.updated_at)
+        )
     console.print(table)
 
 
-def render_completion(outcome: CompletionOutcome, console: Console = err) -> None:
-    console.print(f"accepted: call {escape(outcome.call_id)} of session {outcome.session_id} is complete; "
-                  f"{outcome.remaining} call(s) still unfinished")
+def render_completion(outcome: CompletionOutcome, console: Console | None = None) -> None:
+    console = _console(console)
+    console.print(
+        f"accepted: call {escape(outcome.call_id)} of session {outcome.session_id} is complete; "
+        f"{outcome.remaining} call(s) still unfinished"
+    )
     if outcome.woken:
         console.print("the session was woken and continues on its own")
     elif outcome.remaining == 0:
@@ -170,12 +215,12 @@ class Progress:
     """Event lines and a spinner on stderr while a command waits (only on a terminal)."""
 
     def __init__(self, enabled: bool, thinking: str = "none") -> None:
-        self.enabled = enabled and err.is_terminal
+        self.enabled = enabled and sys.stderr.isatty()
         self._status: Any = None
 
     def __enter__(self) -> Progress:
         if self.enabled:
-            self._status = err.status("working…", spinner="dots")
+            self._status = _console(None).status("working…", spinner="dots")
             self._status.__enter__()
         return self
 
@@ -186,6 +231,6 @@ class Progress:
     def __call__(self, e: dict[str, Any]) -> None:
         if not self.enabled:
             return
-        err.print(f"[dim]{escape(event_line(e))}[/]")
+        _console(None).print(f"[dim]{escape(event_line(e))}[/]")
         if self._status is not None:
             self._status.update(_EVENT_TEXT.get(e.get("type", ""), "working") + "…")

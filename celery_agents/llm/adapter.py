@@ -6,6 +6,7 @@ with exponential backoff and full jitter, honouring `Retry-After`, within one bu
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from celery_agents.llm.demo import register_demo_model
 from celery_agents.llm.errors import classify
 from celery_agents.model import LlmTurn, ToolCall, Usage
 from celery_agents.scheduler.ports import LlmFailure, LlmRequest
@@ -43,6 +45,21 @@ def ensure_litellm() -> Any:
     import litellm
 
     return litellm
+
+
+def warm_up() -> None:
+    """One offline model call, so that litellm's lazy imports happen once in a worker's parent
+    process instead of in every forked pool process."""
+    from celery_agents.model import AgentSpec
+
+    with contextlib.suppress(Exception):
+        LitellmPort(RetryPolicy(attempts=1)).complete(
+            LlmRequest(
+                agent=AgentSpec(slug="warm-up", model="demo/warm-up"),
+                messages=[{"role": "user", "content": "warm up"}],
+                tools=[],
+            )
+        )
 
 
 @dataclass(frozen=True)
@@ -159,6 +176,8 @@ class LitellmPort:
             kwargs["tools"] = request.tools
         if agent.api_base:
             kwargs["api_base"] = agent.api_base
+        if agent.model.startswith("demo/"):
+            register_demo_model(litellm, agent.model)
         key = _api_key(request)
         if key:
             kwargs["api_key"] = key

@@ -113,6 +113,25 @@ def demo_reply(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | Non
     return {"content": text, "reasoning": None, "tool_calls": [], "usage": (prompt_tokens, len(text) // 4 + 1)}
 
 
+_priced: set[str] = set()
+
+
+def register_demo_model(litellm: Any, model: str) -> None:
+    """Price a `demo/...` model at zero, once: its cost is then known (0) and looked up directly."""
+    if model not in _priced:
+        litellm.register_model(
+            {
+                model: {
+                    "input_cost_per_token": 0.0,
+                    "output_cost_per_token": 0.0,
+                    "litellm_provider": PROVIDER,
+                    "mode": "chat",
+                }
+            }
+        )
+        _priced.add(model)
+
+
 def register_demo_provider(litellm: Any) -> None:
     """Register the `demo/` provider with litellm (idempotent)."""
     if any(p.get("provider") == PROVIDER for p in litellm.custom_provider_map):

@@ -1,61 +1,116 @@
-"""Keeping a lease alive while its holder works (a step's session lease, a dispatched call's
-lease), and noticing when the work is no longer wanted (its session was cancelled)."""
+"""Keeping leases alive while their holders work (a step's session lease, a dispatched call's
+lease), and noticing when the work is no longer wanted (its session was cancelled).
+
+One thread per process renews every lease held in that process, so a step pays a dictionary insert,
+not a thread start.
+"""
 
 from __future__ import annotations
 
+import itertools
+import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from types import TracebackType
 
 from celery_agents.store import Store
+
+_TICK = 0.25
+
+
+@dataclass
+class _Held:
+    store: Store
+    key: str
+    owner: str
+    still_wanted: Callable[[], bool] | None
+    cancel: threading.Event = field(default_factory=threading.Event)
+    next_renew: float = 0.0
+    lost: bool = False
+
+
+class _Renewer:
+    """The process's renewal thread, started on first use."""
+
+    def __init__(self) -> None:
+        self.held: dict[int, _Held] = {}
+        self.lock = threading.Lock()
+        self.ids = itertools.count()
+        self.thread: threading.Thread | None = None
+
+    def add(self, held: _Held) -> int:
+        with self.lock:
+            n = next(self.ids)
+            self.held[n] = held
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(target=self._loop, name="lease-renewer", daemon=True)
+                self.thread.start()
+            return n
+
+    def remove(self, n: int) -> None:
+        with self.lock:
+            self.held.pop(n, None)
+
+    def _loop(self) -> None:
+        tick = _TICK
+        while True:
+            time.sleep(tick)
+            with self.lock:
+                current = list(self.held.values())
+            # Short leases (tests) are renewed as often as they need.
+            tick = min([_TICK] + [max(0.02, h.store.settings.lease_seconds / 3) for h in current])
+            now = time.monotonic()
+            for h in current:
+                try:
+                    if h.still_wanted is not None and not h.cancel.is_set() and not h.still_wanted():
+                        h.cancel.set()
+                    if now >= h.next_renew:
+                        h.next_renew = now + max(0.05, h.store.settings.lease_seconds / 3)
+                        if not h.store.renew_lease(h.key, h.owner):
+                            h.lost = True
+                except Exception:  # Redis blips: the commit's checks decide in the end
+                    continue
+
+
+_renewer: _Renewer | None = None
+_renewer_pid = 0
+
+
+def _process_renewer() -> _Renewer:
+    global _renewer, _renewer_pid
+    if _renewer is None or _renewer_pid != os.getpid():  # a forked child needs its own thread
+        _renewer, _renewer_pid = _Renewer(), os.getpid()
+    return _renewer
 
 
 class LeaseKeeper:
     """Renews a lease (`key`, held by `owner`) every third of its length until the block ends.
 
-    With `still_wanted`, it also asks every `watch_interval` seconds whether the work should go on,
-    and sets `cancel` when not (the tool runner kills the call's processes on that event)."""
+    With `still_wanted`, it also asks every quarter second whether the work should go on, and sets
+    `cancel` when not (the tool runner kills the call's processes on that event)."""
 
-    def __init__(
-        self,
-        store: Store,
-        key: str,
-        owner: str,
-        still_wanted: Callable[[], bool] | None = None,
-        watch_interval: float = 0.25,
-    ) -> None:
-        self.store, self.key, self.owner = store, key, owner
-        self.still_wanted = still_wanted
-        self.watch_interval = watch_interval
-        self.cancel = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.lost = False
+    def __init__(self, store: Store, key: str, owner: str, still_wanted: Callable[[], bool] | None = None) -> None:
+        self._held = _Held(
+            store, key, owner, still_wanted, next_renew=time.monotonic() + max(0.05, store.settings.lease_seconds / 3)
+        )
+        self._id: int | None = None
 
-    def _loop(self) -> None:
-        renew_every = max(0.05, self.store.settings.lease_seconds / 3)
-        tick = min(renew_every, self.watch_interval) if self.still_wanted else renew_every
-        next_renew = time.monotonic() + renew_every
-        while not self._stop.wait(tick):
-            try:
-                if self.still_wanted is not None and not self.cancel.is_set() and not self.still_wanted():
-                    self.cancel.set()
-                if time.monotonic() >= next_renew:
-                    next_renew = time.monotonic() + renew_every
-                    if not self.store.renew_lease(self.key, self.owner):
-                        self.lost = True
-            except Exception:  # Redis blips: the commit's checks decide in the end
-                continue
+    @property
+    def cancel(self) -> threading.Event:
+        return self._held.cancel
+
+    @property
+    def lost(self) -> bool:
+        return self._held.lost
 
     def __enter__(self) -> LeaseKeeper:
-        self._thread = threading.Thread(target=self._loop, name="lease-keeper", daemon=True)
-        self._thread.start()
+        self._id = _process_renewer().add(self._held)
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        if self._id is not None:
+            _process_renewer().remove(self._id)

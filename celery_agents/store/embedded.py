@@ -107,6 +107,9 @@ class EmbeddedRedis:
             "",
             "--maxmemory-policy",
             "noeviction",
+            # A stream's first node is preallocated at this size (4 KB by default, for every session).
+            "--stream-node-max-bytes",
+            "1024",
             "--daemonize",
             "yes",
             "--pidfile",

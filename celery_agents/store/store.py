@@ -117,7 +117,7 @@ def header_to_hash(h: SessionHeader) -> dict[str, str]:
         "steps": _s(h.steps),
         "step_limit": _s(h.step_limit),
         "turn_count": _s(h.turn_count),
-        "usage": h.usage.model_dump_json(),
+        "usage": h.usage.model_dump_json(exclude_defaults=True),
         "error": h.error.model_dump_json() if h.error else "",
         "response": json.dumps(h.response),
     }
@@ -389,7 +389,8 @@ class Store:
             "status": status.value,
             "response": json.dumps(response),
             "error": error.model_dump_json() if error else "",
-            "usage": (header.usage + usage).model_dump_json(),
+            # Zero fields left out: a hash whose values stay under 64 bytes is stored compactly.
+            "usage": (header.usage + usage).model_dump_json(exclude_defaults=True),
             "steps_inc": steps_inc,
             "owe": owe,
             "batch": calls[0].batch if calls else -1,
@@ -621,6 +622,34 @@ class Store:
         raw_calls, raw_results = pipe.execute()
         calls = [merge_outcome(c, r) for c, r in zip(raw_calls, raw_results, strict=True) if c]
         return sorted((c for c in calls if not c.state.final), key=lambda c: (c.batch, c.position))
+
+    def live_state(self, headers: list[SessionHeader]) -> list[tuple[list[PendingCall], bool]]:
+        """For each session: its unfinished calls and whether a step holds its lease; two
+        pipelined round trips for any number of sessions."""
+        k = self.keys
+        pipe = self.client.pipeline(transaction=False)
+        for h in headers:
+            pipe.exists(k.lease(h.session_id))
+            pipe.smembers(k.pending(h.session_id))
+        first = pipe.execute()
+        leased = [bool(x) for x in first[0::2]]
+        fields = [sorted(x) for x in first[1::2]]
+        pipe = self.client.pipeline(transaction=False)
+        for h, fs in zip(headers, fields, strict=True):
+            if fs:
+                pipe.hmget(k.calls(h.session_id), fs)
+                pipe.hmget(k.results(h.session_id), fs)
+        second = iter(pipe.execute())
+        out: list[tuple[list[PendingCall], bool]] = []
+        for h, fs, lease in zip(headers, fields, leased, strict=True):
+            pending: list[PendingCall] = []
+            if fs:
+                raw_calls, raw_results = next(second), next(second)
+                calls = [merge_outcome(c, r) for c, r in zip(raw_calls, raw_results, strict=True) if c]
+                ordered = sorted((c for c in calls if not c.state.final), key=lambda c: (c.batch, c.position))
+                pending = [pending_view(h.session_id, c) for c in ordered]
+            out.append((pending, lease))
+        return out
 
     def pending_view(self, session_id: str | None = None, limit: int = 1000) -> list[PendingCall]:
         """Unfinished calls of one session, or of all sessions oldest first (never a scan)."""

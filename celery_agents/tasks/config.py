@@ -50,7 +50,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_acks_on_failure": True,
         "task_acks_on_timeout": True,
         "worker_prefetch_multiplier": 1,
-        "worker_max_tasks_per_child": 1000,
+        # Recycling a pool process costs a fork and litellm's lazy imports again; the memory limit
+        # below still replaces a process that grows.
+        "worker_max_tasks_per_child": 100_000,
         "worker_max_memory_per_child": 1_000_000,
         "worker_soft_shutdown_timeout": 30.0,
         "worker_enable_soft_shutdown_on_idle": True,

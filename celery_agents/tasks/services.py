@@ -153,9 +153,9 @@ def _on_worker_init(**_: Any) -> None:
         _embedded = EmbeddedRedis(settings.home).acquire()
     worker_context(settings).store.check_eviction()
     # Imported once in the parent so that forked pool processes share it.
-    from celery_agents.llm import ensure_litellm
+    from celery_agents.llm.adapter import warm_up
 
-    ensure_litellm()
+    warm_up()
 
 
 @worker_ready.connect

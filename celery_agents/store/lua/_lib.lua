@@ -16,29 +16,42 @@ local NOW_MS = math.floor(tonumber(ARGV[1]) * 1000)
 local MAXLEN = ARGV[2]
 local SID = ARGV[3]
 
-local function emit(kind, data)
-  local version = redis.call('HGET', K.meta, 'version') or '0'
-  return redis.call('XADD', K.events, 'MAXLEN', '~', MAXLEN, '*',
-    'type', kind, 'at', NOW, 'version', version, 'data', data or '{}')
+-- The session's version, read once per script (scripts that bump it call set_version).
+local VERSION = nil
+local function version()
+  if VERSION == nil then VERSION = redis.call('HGET', K.meta, 'version') or '0' end
+  return VERSION
+end
+local function set_version(v)
+  VERSION = tostring(v)
 end
 
-local function touch()
-  redis.call('HSET', K.meta, 'updated_at', NOW)
+local function emit(kind, data)
+  return redis.call('XADD', K.events, 'MAXLEN', '~', MAXLEN, '*',
+    'type', kind, 'at', NOW, 'version', version(), 'data', data or '{}')
+end
+
+-- Mark the session updated now, in the index of its state (`st` when the caller knows it).
+local function touch(st)
+  if st then
+    redis.call('HSET', K.meta, 'updated_at', NOW, 'state', st)
+  else
+    redis.call('HSET', K.meta, 'updated_at', NOW)
+    st = redis.call('HGET', K.meta, 'state')
+  end
   redis.call('ZADD', K.sessions, NOW_MS, SID)
-  local st = redis.call('HGET', K.meta, 'state')
   if st and STATE_KEYS[st] then redis.call('ZADD', STATE_KEYS[st], NOW_MS, SID) end
 end
 
 local function set_state(new)
   local old = redis.call('HGET', K.meta, 'state')
   if old and old ~= new and STATE_KEYS[old] then redis.call('ZREM', STATE_KEYS[old], SID) end
-  redis.call('HSET', K.meta, 'state', new)
-  touch()
+  touch(new)
 end
 
 local function owe()
   redis.call('ZADD', K.owed, NOW_MS, SID)
-  redis.call('HSET', K.meta, 'owed_version', redis.call('HGET', K.meta, 'version'))
+  redis.call('HSET', K.meta, 'owed_version', version())
 end
 
 local function unowe()

@@ -25,6 +25,7 @@ end
 redis.call('DEL', K.pending)
 redis.call('HSET', K.meta, 'status', 'cancelled', 'drive', 'manual')
 local version = redis.call('HINCRBY', K.meta, 'version', 1)
+set_version(version)
 set_state('cancelled')
 unowe()
 emit('cancelled', '{}')

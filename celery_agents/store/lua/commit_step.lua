@@ -36,6 +36,7 @@ for j, t in ipairs(c.tokens) do
   redis.call('ZADD', K.deadlines, t[2], SID .. ' ' .. t[1])
 end
 local version = redis.call('HINCRBY', K.meta, 'version', 1)
+set_version(version)
 redis.call('HINCRBY', K.meta, 'turn_count', c.n_turns)
 redis.call('HINCRBY', K.meta, 'steps', c.steps_inc)
 redis.call('HSET', K.meta, 'head', c.head, 'status', c.status, 'usage', c.usage,

@@ -3,7 +3,7 @@
 local m = redis.call('HMGET', K.meta, 'version', 'status')
 if m[1] ~= ARGV[4] or m[2] ~= 'active' then return {'stale'} end
 redis.call('HSET', K.meta, 'status', 'failed', 'error', ARGV[5])
-redis.call('HINCRBY', K.meta, 'version', 1)
+set_version(redis.call('HINCRBY', K.meta, 'version', 1))
 set_state('failed')
 unowe()
 if redis.call('GET', K.lease) == ARGV[6] then redis.call('DEL', K.lease) end
