@@ -39,8 +39,11 @@ class Settings:
     lease_seconds: float = 30.0
     #: how often worker services sweep owed steps, deadlines and lapsed leases
     sweep_interval: float = 1.0
-    #: an owed step not started after this long is published again
+    #: a step or call whose worker died (lease lapsed) is published again after this long
     owed_grace: float = 10.0
+    #: an owed step or call never picked up is published again after this long even while its
+    #: queue is busy (sooner when the queue is empty)
+    lost_grace: float = 300.0
     #: events kept per session (approximate cap of the stream)
     events_maxlen: int = 2000
     #: how often (seconds) the broker puts back messages unacknowledged past the visibility timeout
@@ -65,6 +68,7 @@ class Settings:
             lease_seconds=_float_env("AGENTS_LEASE_SECONDS", 30.0),
             sweep_interval=_float_env("AGENTS_SWEEP_INTERVAL", 1.0),
             owed_grace=_float_env("AGENTS_OWED_GRACE", 10.0),
+            lost_grace=_float_env("AGENTS_LOST_GRACE", 300.0),
             restore_interval=_float_env("AGENTS_RESTORE_INTERVAL", 10.0),
         )
         return replace(s, **overrides) if overrides else s  # type: ignore[arg-type]

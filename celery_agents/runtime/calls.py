@@ -37,6 +37,8 @@ def run_call(store: Store, session_id: str, field: str, tools: ToolPort, owner: 
     lease_ms = int(store.settings.lease_seconds * 1000)
     if not store.client.set(lease_key, owner, nx=True, px=lease_ms):
         return CallRun(status="busy", call=call)
+    # Picked up: if the lease lapses before an outcome is recorded, this worker died.
+    store.client.set(k.call_started(session_id, field), owner, ex=86400)
     try:
         agent = store.agent(agent_hash)
         started = time.time()

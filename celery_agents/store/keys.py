@@ -64,6 +64,10 @@ class Keys:
         """String: the worker running a dispatched call, with a time to live."""
         return self.session(sid, f"call-lease:{field}")
 
+    def call_started(self, sid: str, field: str) -> str:
+        """String: a worker began running this dispatched call (kept a day)."""
+        return self.session(sid, f"call-started:{field}")
+
     def token(self, sid: str, secret: str) -> str:
         """Hash: one continuation token."""
         return self.session(sid, f"tok:{secret}")

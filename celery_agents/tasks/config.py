@@ -50,6 +50,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_acks_on_failure": True,
         "task_acks_on_timeout": True,
         "worker_prefetch_multiplier": 1,
+        # Take a message only when a process is free: a killed worker holds no waiting messages.
+        "worker_disable_prefetch": True,
         # Recycling a pool process costs a fork and litellm's lazy imports again; the memory limit
         # below still replaces a process that grows.
         "worker_max_tasks_per_child": 100_000,

@@ -26,34 +26,61 @@ log = logging.getLogger("celery_agents.services")
 
 
 def sweep_once(store: Store, dispatcher: Dispatcher, settings: Settings, now: float | None = None) -> dict[str, int]:
-    """Publish owed steps and dispatched calls that nobody runs (the message was lost, or the worker
-    died and its lease lapsed), and expire due deadlines; returns counts."""
+    """Publish again what nobody will run, and expire due deadlines; returns counts.
+
+    An owed step (or dispatched call) is published again when a worker picked it up and its lease
+    lapsed without an outcome (that worker died), or when it was never picked up and its queue is
+    empty (the message was lost between commit and publish), or at the latest after `lost_grace`.
+    A message merely waiting in a busy queue is left alone: duplicates would only add load."""
     now = time.time() if now is None else now
     counts = {"owed": 0, "redispatched": 0, "expired": 0}
-    for sid in store.owed(older_than=now - settings.owed_grace):
-        version, status, owed_version = store.client.hmget(store.keys.meta(sid), ["version", "status", "owed_version"])
-        if version is None or status != "active" or owed_version != version:
-            store.client.zrem(store.keys.owed, sid)
-            continue
-        store.touch_owed(sid, now)
-        if store.lease_holder(sid):
-            continue
-        # Owed, old, and nobody holds the lease: the message was lost or its worker died.
-        dispatcher.step(sid, int(version), request="sweeper")
-        counts["owed"] += 1
-    for sid, field in store.stale_dispatched(older_than=now - settings.owed_grace):
-        pipe = store.client.pipeline(transaction=False)
-        pipe.sismember(store.keys.pending(sid), field)
-        pipe.exists(store.keys.call_lease(sid, field))
-        pipe.hget(store.keys.calls(sid), field)
-        is_pending, leased, raw = pipe.execute()
-        if not is_pending or raw is None:
-            store.client.zrem(store.keys.dispatched, f"{sid} {field}")
-            continue
-        store.touch_dispatched(sid, field, now)
-        if not leased:
-            dispatcher.call(sid, TrackedCall.model_validate_json(raw))
-            counts["redispatched"] += 1
+    k = store.keys
+    r = store.client
+    cutoff, lost_cutoff = int((now - settings.owed_grace) * 1000), int((now - settings.lost_grace) * 1000)
+
+    owed = r.zrangebyscore(k.owed, "-inf", cutoff, start=0, num=200, withscores=True)
+    if owed:
+        pipe = r.pipeline(transaction=False)
+        for sid, _ in owed:
+            pipe.hmget(k.meta(sid), ["version", "status", "owed_version", "picked"])
+            pipe.exists(k.lease(sid))
+        pipe.llen(f"{k.celery_prefix}steps")
+        rows = pipe.execute()
+        queue_empty = rows[-1] == 0
+        for i, (sid, score) in enumerate(owed):
+            (version, status, owed_version, picked), leased = rows[2 * i], rows[2 * i + 1]
+            if version is None or status != "active" or owed_version != version:
+                r.zrem(k.owed, sid)
+            elif not leased and (picked == version or queue_empty or score <= lost_cutoff):
+                dispatcher.step(sid, int(version), request="sweeper")
+                store.touch_owed(sid, now)
+                counts["owed"] += 1
+
+    dispatched = r.zrangebyscore(k.dispatched, "-inf", cutoff, start=0, num=200, withscores=True)
+    if dispatched:
+        pipe = r.pipeline(transaction=False)
+        for member, _ in dispatched:
+            sid, field = member.split(" ", 1)
+            pipe.sismember(k.pending(sid), field)
+            pipe.exists(k.call_lease(sid, field))
+            pipe.exists(k.call_started(sid, field))
+            pipe.hget(k.calls(sid), field)
+        pipe.llen(f"{k.celery_prefix}tools")
+        pipe.llen(f"{k.celery_prefix}isolated")
+        rows = pipe.execute()
+        empty = {"runAsync": rows[-2] == 0, "runIsolated": rows[-1] == 0}
+        for i, (member, score) in enumerate(dispatched):
+            sid, field = member.split(" ", 1)
+            is_pending, leased, started, raw = rows[4 * i : 4 * i + 4]
+            if not is_pending or raw is None:
+                r.zrem(k.dispatched, member)
+                continue
+            call = TrackedCall.model_validate_json(raw)
+            if not leased and (started or empty.get(call.disposition, True) or score <= lost_cutoff):
+                dispatcher.call(sid, call)
+                store.touch_dispatched(sid, field, now)
+                counts["redispatched"] += 1
+
     for sid, finished in store.expire_due(now):
         if finished.status == "ok":
             counts["expired"] += 1

@@ -18,5 +18,7 @@ if holder and holder ~= ARGV[5] then
   return {'busy', holder}
 end
 redis.call('SET', K.lease, ARGV[5], 'PX', ARGV[6])
+-- Picked up: if this lease lapses without a commit, the step's worker died.
+redis.call('HSET', K.meta, 'picked', m[1])
 emit('step_started', cjson.encode({request = req, owner = ARGV[5]}))
 return {'ok', load_payload(tonumber(ARGV[8]))}
