@@ -92,19 +92,18 @@ class RetryPolicy:
         return computed
 
 
-def _api_key(request: LlmRequest) -> str | None:
-    agent = request.agent
-    if agent.api_key_env:
-        value = os.environ.get(agent.api_key_env)
+def _api_key(model: str, api_base: str | None, api_key_env: str | None, slug: str) -> str | None:
+    if api_key_env:
+        value = os.environ.get(api_key_env)
         if not value:
             raise LlmFailure(
                 "missing_api_key",
-                f"the environment variable {agent.api_key_env} (apiKeyEnv of agent "
-                f"{agent.slug!r}) is not set in the worker's environment",
+                f"the environment variable {api_key_env} (apiKeyEnv of agent {slug!r}, model {model}) is not set "
+                "in the worker's environment",
                 transient=False,
             )
         return value
-    if agent.api_base and agent.model.startswith("openai/") and not os.environ.get("OPENAI_API_KEY"):
+    if api_base and model.startswith("openai/") and not os.environ.get("OPENAI_API_KEY"):
         # Local OpenAI-compatible servers accept any key; the SDK refuses to run without one.
         return "no-key"
     return None
@@ -163,10 +162,28 @@ class LitellmPort:
         self.requests = 0
 
     def complete(self, request: LlmRequest) -> LlmTurn:
+        """Call the agent's model, retrying transient failures; then each fallback model in turn."""
+        agent = request.agent
+        endpoints = [(agent.model, agent.api_base, agent.api_key_env)] + [
+            (f.model, f.api_base, f.api_key_env) for f in agent.fallback_models
+        ]
+        failures: list[LlmFailure] = []
+        for model, api_base, api_key_env in endpoints:
+            try:
+                return self._complete_with(request, model, api_base, api_key_env)
+            except LlmFailure as exc:
+                failures.append(exc)
+        last = failures[-1]
+        if len(failures) == 1:
+            raise last
+        tried = "; ".join(f"{m}: {f.message}" for (m, _, _), f in zip(endpoints, failures, strict=True))
+        raise LlmFailure(last.code, f"every model failed — {tried}", transient=any(f.transient for f in failures))
+
+    def _complete_with(self, request: LlmRequest, model: str, api_base: str | None, api_key_env: str | None) -> LlmTurn:
         litellm = ensure_litellm()
         agent = request.agent
         kwargs: dict[str, Any] = {
-            "model": agent.model,
+            "model": model,
             "messages": request.messages,
             "timeout": self.retry.timeout,
             "max_retries": 0,
@@ -174,11 +191,11 @@ class LitellmPort:
         }
         if request.tools:
             kwargs["tools"] = request.tools
-        if agent.api_base:
-            kwargs["api_base"] = agent.api_base
-        if agent.model.startswith("demo/"):
-            register_demo_model(litellm, agent.model)
-        key = _api_key(request)
+        if api_base:
+            kwargs["api_base"] = api_base
+        if model.startswith("demo/"):
+            register_demo_model(litellm, model)
+        key = _api_key(model, api_base, api_key_env, agent.slug)
         if key:
             kwargs["api_key"] = key
         kwargs.update(agent.model_params)

@@ -149,9 +149,7 @@ class ToolSpec(_Spec):
     def _env_names(cls, value: list[str]) -> list[str]:
         for name in value:
             if name.upper().startswith("AGENTS_"):
-                raise ValueError(
-                    f"{name} is a setting of the worker, never given to a tool (remove it from env)"
-                )
+                raise ValueError(f"{name} is a setting of the worker, never given to a tool (remove it from env)")
         return value
 
     @field_validator("name")
@@ -252,6 +250,22 @@ def _normalise_toolboxes(value: dict[str, Any]) -> dict[str, Any]:
     return value
 
 
+class FallbackModel(_Spec):
+    """A model tried when the agent's own model fails: written `"anthropic/claude-…"` (litellm's
+    environment defaults for that provider) or `{"model", "apiBase", "apiKeyEnv"}`."""
+
+    model: str
+    api_base: str | None = Field(default=None, alias="apiBase")
+    api_key_env: str | None = Field(default=None, alias="apiKeyEnv")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_string(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return {"model": value}
+        return value
+
+
 class AgentSpec(_Spec):
     """An agent file, validated. `base_dir` is the folder relative command paths resolve against.
 
@@ -274,6 +288,8 @@ class AgentSpec(_Spec):
     model_params: dict[str, Any] = Field(default_factory=dict, alias="modelParams")
     base_dir: str | None = Field(default=None, alias="baseDir")
     toolboxes: list[Toolbox] = Field(default_factory=list)
+    #: models tried in order when `model` fails (after its own retries)
+    fallback_models: list[FallbackModel] = Field(default_factory=list, alias="fallbackModels")
 
     @model_validator(mode="before")
     @classmethod
@@ -354,7 +370,14 @@ class AgentSpec(_Spec):
 
 def agent_json_schema() -> dict[str, Any]:
     """The agent file's JSON Schema (field names as written in the file)."""
-    return AgentSpec.model_json_schema(by_alias=True)
+    schema = AgentSpec.model_json_schema(by_alias=True)
+    defs = schema.get("$defs", {})
+    # Dispositions and fallback models may also be written as a bare string.
+    if "Disposition" in defs:
+        defs["Disposition"] = {"anyOf": [{"type": "string", "enum": list(DISPOSITION_TAGS)}, defs["Disposition"]]}
+    if "FallbackModel" in defs:
+        defs["FallbackModel"] = {"anyOf": [{"type": "string"}, defs["FallbackModel"]]}
+    return schema
 
 
 _FIX_HINTS = {
@@ -404,7 +427,10 @@ def describe_validation_error(source: str, exc: ValidationError) -> str:
             hint = 'use "synchronous" or "asynchronous"'
         if kind == "missing":
             msg = "this field is required"
-        lines.append(f"{source}: {field}: {msg}" + (f" ({hint})" if hint else ""))
+        if field == "(top level)" and re.match(r"^[A-Za-z]+(\.|\[)", msg):
+            lines.append(f"{source}: {msg}" + (f" ({hint})" if hint else ""))  # the message names the field
+        else:
+            lines.append(f"{source}: {field}: {msg}" + (f" ({hint})" if hint else ""))
     return "\n".join(lines)
 
 
@@ -419,7 +445,11 @@ def parse_agent(data: Any, source: str = "<agent>", base_dir: str | None = None)
     try:
         return AgentSpec.model_validate(data)
     except ValidationError as exc:
-        raise InvalidAgentFile(describe_validation_error(source, exc), file=source) from None
+        message = describe_validation_error(source, exc)
+        if "toolCallPolicyConfig" in data:
+            # The file spells the policy the agents-exe way: name its fields as the file does.
+            message = re.sub(r"\btoolCallPolicy(?=[.\[:])", "toolCallPolicyConfig", message)
+        raise InvalidAgentFile(message, file=source) from None
 
 
 def _with_toolbox_tools(data: dict[str, Any], source: str) -> dict[str, Any]:
@@ -432,8 +462,9 @@ def _with_toolbox_tools(data: dict[str, Any], source: str) -> dict[str, Any]:
         toolboxes = [Toolbox.model_validate(b) for b in boxes]
     except (ValidationError, AttributeError, TypeError) as exc:
         raise InvalidAgentFile(
-            f"{source}: toolboxes: {exc} (write \"toolboxes\": [\"tools/\"] or "
-            f"[{{\"path\": \"tools/\", \"prefix\": \"bash_\"}}])", file=source) from None
+            f'{source}: toolboxes: {exc} (write "toolboxes": ["tools/"] or [{{"path": "tools/", "prefix": "bash_"}}])',
+            file=source,
+        ) from None
     tools = list(data.get("tools") or [])
     declared = {t.get("name") for t in tools if isinstance(t, dict)}
     for i, box in enumerate(toolboxes):

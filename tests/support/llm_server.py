@@ -137,6 +137,7 @@ class LlmServer:
             def do_POST(self) -> None:
                 length = int(self.headers.get("content-length", 0))
                 body = json.loads(self.rfile.read(length) or b"{}")
+                body["_authorization"] = self.headers.get("authorization")
                 name = str(body.get("model", ""))
                 turn = sum(1 for m in body.get("messages", []) if m.get("role") == "assistant")
                 reply = server._next(name, body)
