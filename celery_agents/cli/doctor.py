@@ -13,6 +13,30 @@ def _redact(url: str) -> str:
     return re.sub(r"//([^@/]*)@", "//***@", url)
 
 
+def _lapsed_leases(store: Any, older_than: float, limit: int = 1000) -> int:
+    """Steps and dispatched calls a worker picked up whose lease lapsed without an outcome."""
+    r, k = store.client, store.keys
+    cutoff = int(older_than * 1000)
+    owed = r.zrangebyscore(k.owed, "-inf", cutoff, start=0, num=limit)
+    calls = [m.split(" ", 1) for m in r.zrangebyscore(k.dispatched, "-inf", cutoff, start=0, num=limit)]
+    pipe = r.pipeline(transaction=False)
+    for sid in owed:
+        pipe.hmget(k.meta(sid), ["version", "picked"])
+        pipe.exists(k.lease(sid))
+    for sid, field in calls:
+        pipe.exists(k.call_started(sid, field))
+        pipe.exists(k.call_lease(sid, field))
+    rows = pipe.execute()
+    n = 0
+    for i in range(len(owed)):
+        (version, picked), leased = rows[2 * i], rows[2 * i + 1]
+        n += int(version is not None and picked == version and not leased)
+    base = 2 * len(owed)
+    for i in range(len(calls)):
+        n += int(bool(rows[base + 2 * i]) and not rows[base + 2 * i + 1])
+    return n
+
+
 def diagnose(client: Any) -> dict[str, Any]:
     settings = client.settings
     store = client.store
@@ -71,6 +95,15 @@ def diagnose(client: Any) -> dict[str, Any]:
     states = {
         s: int(r.zcard(k.state_index(s))) for s in ("ready", "tools", "waiting", "completed", "failed", "cancelled")
     }
+    lapsed = _lapsed_leases(store, now - settings.owed_grace)
+    checks.append(
+        {
+            "name": "leases",
+            "ok": lapsed == 0 or bool(workers),
+            "detail": f"{lapsed} step(s) or call(s) whose worker stopped renewing its lease"
+            + ("" if not lapsed or workers else " — a worker takes them over once one runs"),
+        }
+    )
     checks.append(
         {
             "name": "owed steps",
@@ -87,6 +120,7 @@ def diagnose(client: Any) -> dict[str, Any]:
         "workers": workers,
         "queues": queues,
         "owed_steps": owed,
+        "lapsed_leases": lapsed,
         "pending_calls": pending,
         "overdue_deadlines": overdue,
         "rejected_completions": rejected,
