@@ -87,23 +87,9 @@ class SessionFactory:
         assert store.header(sid).state.value == "waiting"
 
     def _commit(self, sid: str, header: Any, t: Any, calls: Any = None) -> Any:
-        return self.store.commit(
-            sid,
-            header,
-            "scale",
-            kind=t.kind,
-            new_turns=t.new_turns,
-            calls=t.calls if calls is None else calls,
-            head=t.head,
-            state=t.state,
-            status=t.status,
-            response=t.response,
-            error=t.error,
-            usage=t.usage,
-            events=[(e.type, e.data) for e in t.events],
-            steps_inc=1,
-            request="scale",
-        )
+        from celery_agents.runtime import commit_transition
+
+        return commit_transition(self.store, sid, header, "scale", t, request="scale", calls=calls)
 
     def create(self, n: int) -> None:
         from celery_agents.store import new_session_id, new_token

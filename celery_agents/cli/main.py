@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -154,6 +154,30 @@ def _warn_no_workers(client: Any) -> None:
             err.print(f"[yellow]{w}[/]")
 
 
+def _advance(
+    as_json: bool,
+    inline: bool,
+    thinking: Thinking,
+    action: Callable[[Any, Any, Any], Any],
+    *,
+    prompt: tuple[list[str] | None, list[str] | None, list[str] | None] | None = None,
+    warn: bool = True,
+    answer_to_stdout: bool = False,
+) -> None:
+    """A command that advances a session: build the prompt if any, run `action(client, query,
+    progress)`, print the view; exit 5 when the session ended failed or cancelled."""
+    with _command(as_json, inline) as client:
+        query = _prompt(*prompt) if prompt is not None else None
+        if warn:
+            _warn_no_workers(client)
+        with _progress(as_json) as progress:
+            view = action(client, query, progress)
+        if thinking != Thinking.none:
+            view = client.view(view.session_id, detail=True)
+        _print_view(view, as_json, thinking, answer_to_stdout=answer_to_stdout)
+        _exit_if_ended_badly(view)
+
+
 # -- commands ----------------------------------------------------------------------------------
 @app.command()
 def run(
@@ -168,15 +192,16 @@ def run(
     inline: InlineOpt = False,
 ) -> None:
     """Start a session and drive it until it completes or only outside work remains; print the answer."""
-    with _command(as_json, inline) as client:
-        query = _prompt(prompt, file, media)
-        _warn_no_workers(client)
-        with _progress(as_json) as progress:
-            view = client.start(agent_file, query, run=True, wait=wait, timeout=timeout, on_event=progress)
-        if thinking != Thinking.none:
-            view = client.view(view.session_id, detail=True)
-        _print_view(view, as_json, thinking, answer_to_stdout=True)
-        _exit_if_ended_badly(view)
+    _advance(
+        as_json,
+        inline,
+        thinking,
+        lambda client, query, progress: client.start(
+            agent_file, query, run=True, wait=wait, timeout=timeout, on_event=progress
+        ),
+        prompt=(prompt, file, media),
+        answer_to_stdout=True,
+    )
 
 
 @session_app.command("start")
@@ -194,18 +219,18 @@ def session_start(
     inline: InlineOpt = False,
 ) -> None:
     """Create a session from a prompt (the model is not called unless --step or --run)."""
-    with _command(as_json, inline) as client:
-        if step and run_:
-            raise InvalidInput("choose --step or --run, not both")
-        query = _prompt(prompt, file, media)
-        if step or run_:
-            _warn_no_workers(client)
-        with _progress(as_json) as progress:
-            view = client.start(agent_file, query, step=step, run=run_, wait=wait, timeout=timeout, on_event=progress)
-        if thinking != Thinking.none:
-            view = client.view(view.session_id, detail=True)
-        _print_view(view, as_json, thinking)
-        _exit_if_ended_badly(view)
+    if step and run_:
+        _fail(InvalidInput("choose --step or --run, not both"), as_json)
+    _advance(
+        as_json,
+        inline,
+        thinking,
+        lambda client, query, progress: client.start(
+            agent_file, query, step=step, run=run_, wait=wait, timeout=timeout, on_event=progress
+        ),
+        prompt=(prompt, file, media),
+        warn=step or run_,
+    )
 
 
 @session_app.command("step")
@@ -218,14 +243,12 @@ def session_step(
     thinking: ThinkingOpt = Thinking.none,
 ) -> None:
     """Run exactly one step: call the model, or run the tool calls it asked for."""
-    with _command(as_json, inline) as client:
-        _warn_no_workers(client)
-        with _progress(as_json) as progress:
-            view = client.step(session_id, wait=wait, timeout=timeout, on_event=progress)
-        if thinking != Thinking.none:
-            view = client.view(view.session_id, detail=True)
-        _print_view(view, as_json, thinking)
-        _exit_if_ended_badly(view)
+    _advance(
+        as_json,
+        inline,
+        thinking,
+        lambda client, _, progress: client.step(session_id, wait=wait, timeout=timeout, on_event=progress),
+    )
 
 
 @session_app.command("resume")
@@ -238,14 +261,12 @@ def session_resume(
     thinking: ThinkingOpt = Thinking.none,
 ) -> None:
     """Drive the session until it completes or only outside work remains (a failed one is retried)."""
-    with _command(as_json, inline) as client:
-        _warn_no_workers(client)
-        with _progress(as_json) as progress:
-            view = client.resume(session_id, wait=wait, timeout=timeout, on_event=progress)
-        if thinking != Thinking.none:
-            view = client.view(view.session_id, detail=True)
-        _print_view(view, as_json, thinking)
-        _exit_if_ended_badly(view)
+    _advance(
+        as_json,
+        inline,
+        thinking,
+        lambda client, _, progress: client.resume(session_id, wait=wait, timeout=timeout, on_event=progress),
+    )
 
 
 @session_app.command("pause")

@@ -174,22 +174,8 @@ def register_demo_provider(litellm: Any) -> None:
         ) -> Any:
             return fill(model, messages, optional_params, model_response)
 
-        async def acompletion(
-            self,
-            model: str,
-            messages: list[dict[str, Any]],
-            api_base: str,
-            custom_prompt_dict: Any,
-            model_response: Any,
-            print_verbose: Any,
-            encoding: Any,
-            api_key: Any,
-            logging_obj: Any,
-            optional_params: dict[str, Any],
-            *args: Any,
-            **kwargs: Any,
-        ) -> Any:
-            return fill(model, messages, optional_params, model_response)
+        async def acompletion(self, *args: Any, **kwargs: Any) -> Any:
+            return self.completion(*args, **kwargs)
 
     litellm.custom_provider_map = [*litellm.custom_provider_map, {"provider": PROVIDER, "custom_handler": DemoLLM()}]
     from litellm.utils import custom_llm_setup

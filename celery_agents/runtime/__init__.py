@@ -5,7 +5,7 @@ Shared by the Celery tasks and the CLI's inline mode; holds no Celery code itsel
 
 from celery_agents.runtime.calls import CallRun, run_call
 from celery_agents.runtime.ports import JournaledLlm, JournaledTools, SecureIds, SystemClock
-from celery_agents.runtime.step import StepResult, run_step
+from celery_agents.runtime.step import StepResult, commit_transition, run_step
 
 __all__ = [
     "CallRun",
@@ -14,6 +14,7 @@ __all__ = [
     "SecureIds",
     "StepResult",
     "SystemClock",
+    "commit_transition",
     "run_call",
     "run_step",
 ]

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery_agents.model import AgentSpec, TrackedCall, UserQuery
+from celery_agents.runtime import commit_transition
 from celery_agents.scheduler import Ports, Snapshot, Transition, advance
 from celery_agents.store import Loaded, Store, new_token
 from tests.scheduler.fakes import RecordingTools, ScriptedLlm, llm_turn, make_agent
@@ -67,26 +68,7 @@ def decide(
 def commit(
     store: Store, sid: str, loaded: Loaded, t: Transition, owner: str = "w1", now: float | None = None
 ) -> tuple[Any, ...]:
-    return tuple(
-        store.commit(
-            sid,
-            loaded.header,
-            owner,
-            kind=t.kind,
-            new_turns=t.new_turns,
-            calls=t.calls,
-            head=t.head,
-            state=t.state,
-            status=t.status,
-            response=t.response,
-            error=t.error,
-            usage=t.usage,
-            events=[(e.type, e.data) for e in t.events],
-            steps_inc=1 if t.counts_as_step else 0,
-            request="test",
-            now=now,
-        )
-    )
+    return commit_transition(store, sid, loaded.header, owner, t, request="test", now=now)
 
 
 @dataclass

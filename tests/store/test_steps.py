@@ -9,6 +9,7 @@ import pytest
 
 from celery_agents.errors import SessionNotAdvanceable
 from celery_agents.model import AgentSpec, CallState, ErrorInfo, LlmTurn, State, Status, UserQuery, UserTurn
+from celery_agents.runtime import commit_transition
 from celery_agents.store import Store
 from tests.scheduler.fakes import RecordingTools, ScriptedLlm, llm_turn
 from tests.store.scenario import AGENT, begin, commit, decide, start, step
@@ -239,22 +240,7 @@ def test_commit_refuses_a_stale_version_and_writes_nothing(any_store: Store) -> 
     loaded = begin(store, sid)
     t = decide(store, loaded, llm=ScriptedLlm(llm_turn(text="one")))
     stale = loaded.header.model_copy(update={"version": 5})
-    res = store.commit(
-        sid,
-        stale,
-        "w1",
-        kind=t.kind,
-        new_turns=t.new_turns,
-        calls=t.calls,
-        head=t.head,
-        state=t.state,
-        status=t.status,
-        response=t.response,
-        error=t.error,
-        usage=t.usage,
-        events=[],
-        steps_inc=1,
-    )
+    res = commit_transition(store, sid, stale, "w1", t)
     assert res[0] == "stale"
     assert len(store.turns(sid)) == 1 and store.header(sid).version == 1
 
