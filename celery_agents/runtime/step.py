@@ -128,7 +128,3 @@ def commit_transition(
 def _safe_end(store: Store, session_id: str, owner: str, request: str, reason: str, keep_owed: bool) -> None:
     with contextlib.suppress(Exception):
         store.end_step(session_id, owner, request, reason, keep_owed=keep_owed)
-
-
-def header_of(store: Store, session_id: str) -> SessionHeader:
-    return store.header(session_id)

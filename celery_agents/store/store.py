@@ -578,11 +578,6 @@ class Store:
                 out.append({"name": name, **beat})
         return out
 
-    def stale_dispatched(self, older_than: float, limit: int = 200) -> list[tuple[str, str]]:
-        """Dispatched calls not seen running since `older_than` (their message or worker may be lost)."""
-        members = self.client.zrangebyscore(self.keys.dispatched, "-inf", int(older_than * 1000), start=0, num=limit)
-        return [tuple(m.split(" ", 1)) for m in members]  # type: ignore[misc]
-
     def touch_dispatched(self, session_id: str, field: str, now: float) -> None:
         self.client.zadd(self.keys.dispatched, {f"{session_id} {field}": int(now * 1000)}, xx=True)
 
