@@ -165,25 +165,15 @@ class Processes:
         return self.start(name.split("@")[0], args, env)
 
     def bare_worker(self, env: dict[str, str], concurrency: int, name: str) -> subprocess.Popen[bytes]:
+        from celery_agents.tasks.config import worker_argv
+
         args = [
             sys.executable,
             "-m",
             "celery",
             "-A",
             "bench.bare_celery",
-            "worker",
-            "-Q",
-            "bare",
-            "-c",
-            str(concurrency),
-            "-P",
-            "prefork",
-            "--without-gossip",
-            "--without-mingle",
-            "-l",
-            "WARNING",
-            "-n",
-            name,
+            *worker_argv(["bare"], concurrency, "WARNING", name),  # the same flags as `agents worker`
         ]
         return self.start(name.split("@")[0], args, env)
 

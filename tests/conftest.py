@@ -76,6 +76,21 @@ def store(settings: Settings) -> Iterator[Store]:
     client.close()
 
 
+@pytest.fixture
+def stores(store: Store) -> Any:
+    """Make more Stores, each with its own connection pool, on the same real Redis (racing workers)."""
+    made: list[Store] = []
+
+    def make() -> Store:
+        s = Store(client_for_url(store.settings.redis_url or ""), store.settings)
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.client.close()
+
+
 @pytest.fixture(scope="session")
 def llm_server() -> Iterator[LlmServer]:
     server = LlmServer().start()

@@ -399,7 +399,7 @@ def worker(
     loglevel: Annotated[str, typer.Option("--loglevel", "-l", help="Log level.")] = "INFO",
 ) -> None:
     """Run a Celery worker for steps and tool calls (on the embedded Redis when AGENTS_REDIS_URL is unset)."""
-    from celery_agents.tasks.config import QUEUES
+    from celery_agents.tasks.config import QUEUES, worker_argv
 
     wanted = [q.strip() for q in queues.split(",") if q.strip()]
     unknown = [q for q in wanted if q not in QUEUES]
@@ -407,21 +407,7 @@ def worker(
         _fail(InvalidInput(f"unknown queue(s): {', '.join(unknown) or '(none given)'}; use {', '.join(QUEUES)}"), False)
     from celery_agents.tasks import app as celery_app
 
-    argv = [
-        "worker",
-        "-Q",
-        ",".join(wanted),
-        "-c",
-        str(concurrency),
-        "-P",
-        "prefork",
-        "--without-gossip",
-        "--without-mingle",
-        "-l",
-        loglevel,
-    ]
-    if name:
-        argv += ["-n", name]
+    argv = worker_argv(wanted, concurrency, loglevel, name)
     celery_app.worker_main(argv)
 
 

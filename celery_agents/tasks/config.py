@@ -70,6 +70,24 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     }
 
 
+def worker_argv(queues: list[str], concurrency: int, loglevel: str = "INFO", name: str | None = None) -> list[str]:
+    """`celery worker` arguments the way celery-agents runs its workers (and the bench its yardstick)."""
+    argv = [
+        "worker",
+        "-Q",
+        ",".join(queues),
+        "-c",
+        str(concurrency),
+        "-P",
+        "prefork",
+        "--without-gossip",
+        "--without-mingle",
+        "-l",
+        loglevel,
+    ]
+    return argv + (["-n", name] if name else [])
+
+
 def make_app(settings: Settings, main: str = "celery_agents") -> Celery:
     app = Celery(main, set_as_current=False)
     app.conf.update(celery_config(settings))

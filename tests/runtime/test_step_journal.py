@@ -12,7 +12,7 @@ import pytest
 from celery_agents.model import CallState, LlmTurn, State, TrackedCall, UserTurn
 from celery_agents.runtime import run_step
 from celery_agents.scheduler import CallOutcome, LlmRequest
-from celery_agents.store import Store, client_for_url
+from celery_agents.store import Store
 from tests.scheduler.fakes import RecordingTools, ScriptedLlm, llm_turn
 from tests.store.scenario import begin, start, step
 
@@ -30,20 +30,6 @@ def drop_lease(store: Store, sid: str) -> None:
 
 def step_events(store: Store, sid: str, kind: str) -> list[dict[str, Any]]:
     return [e for e in store.read_events(sid) if e["type"] == kind]
-
-
-@pytest.fixture
-def stores(store: Store) -> Any:
-    made: list[Store] = []
-
-    def make() -> Store:
-        s = Store(client_for_url(store.settings.redis_url or ""), store.settings)
-        made.append(s)
-        return s
-
-    yield make
-    for s in made:
-        s.client.close()
 
 
 # -- a journaled model answer is reused ----------------------------------------------------------

@@ -12,7 +12,7 @@ import pytest
 
 from celery_agents.errors import TokenAlreadyCompleted
 from celery_agents.model import CallState, LlmTurn, State, Status
-from celery_agents.store import Store, client_for_url, completion_json, outcome_json
+from celery_agents.store import Store, completion_json, outcome_json
 from tests.scheduler.fakes import ScriptedLlm, llm_turn
 from tests.store.scenario import begin, commit, decide, start, token_of, waiting_on
 
@@ -37,21 +37,6 @@ def race(*work: Callable[[], Any]) -> list[Any]:
     for t in threads:
         t.join(timeout=30)
     return results
-
-
-@pytest.fixture
-def stores(store: Store) -> Any:
-    """One Store (own connection pool) per racing worker, on the same real Redis."""
-    made: list[Store] = []
-
-    def make() -> Store:
-        s = Store(client_for_url(store.settings.redis_url or ""), store.settings)
-        made.append(s)
-        return s
-
-    yield make
-    for s in made:
-        s.client.close()
 
 
 @pytest.mark.parametrize("round_", range(ROUNDS))
