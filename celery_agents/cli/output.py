@@ -43,6 +43,7 @@ _STATE_STYLE = {
     "cancelled": "red",
     "waiting": "yellow",
     "running": "cyan",
+    "queued": "cyan",
     "ready": "blue",
     "tools": "blue",
 }

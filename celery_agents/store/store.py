@@ -605,6 +605,11 @@ class Store:
 
     # -- views -------------------------------------------------------------------------------
     def pending_calls(self, session_id: str) -> list[TrackedCall]:
+        return [call for call, _ in self._pending_rows(session_id)]
+
+    def _pending_rows(self, session_id: str) -> list[tuple[TrackedCall, bool]]:
+        """The session's unfinished calls in the model's order, each with whether a worker (or
+        the CLI) has started running it."""
         check_session_id(session_id)
         fields = sorted(self.client.smembers(self.keys.pending(session_id)))
         if not fields:
@@ -614,9 +619,9 @@ class Store:
         pipe = self.client.pipeline(transaction=False)
         pipe.hmget(self.keys.calls(session_id), fields)
         pipe.hmget(self.keys.results(session_id), fields)
-        raw_calls, raw_results = pipe.execute()
-        calls = [merge_outcome(c, r) for c, r in zip(raw_calls, raw_results, strict=True) if c]
-        return sorted((c for c in calls if not c.state.final), key=lambda c: (c.batch, c.position))
+        pipe.mget([self.keys.call_started(session_id, f) for f in fields])
+        raw_calls, raw_results, started = pipe.execute()
+        return _unfinished(raw_calls, raw_results, started)
 
     def live_state(self, headers: list[SessionHeader]) -> list[tuple[list[PendingCall], bool]]:
         """For each session: its unfinished calls and whether a step holds its lease; two
@@ -634,35 +639,38 @@ class Store:
             if fs:
                 pipe.hmget(k.calls(h.session_id), fs)
                 pipe.hmget(k.results(h.session_id), fs)
+                pipe.mget([k.call_started(h.session_id, f) for f in fs])
         second = iter(pipe.execute())
         out: list[tuple[list[PendingCall], bool]] = []
         for h, fs, lease in zip(headers, fields, leased, strict=True):
             pending: list[PendingCall] = []
             if fs:
-                raw_calls, raw_results = next(second), next(second)
-                calls = [merge_outcome(c, r) for c, r in zip(raw_calls, raw_results, strict=True) if c]
-                ordered = sorted((c for c in calls if not c.state.final), key=lambda c: (c.batch, c.position))
-                pending = [pending_view(h.session_id, c) for c in ordered]
+                rows = _unfinished(next(second), next(second), next(second))
+                pending = [pending_view(h.session_id, c, started) for c, started in rows]
             out.append((pending, lease))
         return out
 
     def pending_view(self, session_id: str | None = None, limit: int = 1000) -> list[PendingCall]:
         """Unfinished calls of one session, or of all sessions oldest first (never a scan)."""
         if session_id is not None:
-            return [pending_view(session_id, c) for c in self.pending_calls(session_id)]
+            return [pending_view(session_id, c, started) for c, started in self._pending_rows(session_id)]
         members = self.client.zrange(self.keys.pending_all, 0, limit - 1)
         pairs = [m.split(" ", 1) for m in members]
+        if not pairs:
+            return []
         pipe = self.client.pipeline(transaction=False)
         for sid, field in pairs:
             pipe.hget(self.keys.calls(sid), field)
             pipe.hget(self.keys.results(sid), field)
+        pipe.mget([self.keys.call_started(sid, field) for sid, field in pairs])
         raw = pipe.execute()
+        started = raw.pop()
         out: list[tuple[int, int, PendingCall]] = []
         for i, (sid, _field) in enumerate(pairs):
             if raw[2 * i]:
                 call = merge_outcome(raw[2 * i], raw[2 * i + 1])
                 if not call.state.final:
-                    out.append((call.batch, call.position, pending_view(sid, call)))
+                    out.append((call.batch, call.position, pending_view(sid, call, started[i] is not None)))
         # Calls made by one step share a creation time: keep them in the model's call order.
         out.sort(key=lambda row: (row[2].created_at, row[2].session_id, row[0], row[1]))
         return [row[2] for row in out]
@@ -710,7 +718,23 @@ def event_from_entry(eid: str, fields: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def pending_view(session_id: str, call: TrackedCall) -> PendingCall:
+def _unfinished(
+    raw_calls: list[str | None], raw_results: list[str | None], started: list[str | None]
+) -> list[tuple[TrackedCall, bool]]:
+    rows = [
+        (merge_outcome(c, r), s is not None)
+        for c, r, s in zip(raw_calls, raw_results, started, strict=True)
+        if c is not None
+    ]
+    return sorted((row for row in rows if not row[0].state.final), key=lambda row: (row[0].batch, row[0].position))
+
+
+def pending_view(session_id: str, call: TrackedCall, started: bool = True) -> PendingCall:
+    """`started`: a worker (or the CLI) has begun running a dispatched call; until then its
+    state reads `queued`."""
+    state = call.state.value
+    if call.state == CallState.RUNNING and not started:
+        state = "queued"
     return PendingCall(
         session_id=session_id,
         call_id=call.call_id,
@@ -718,7 +742,7 @@ def pending_view(session_id: str, call: TrackedCall) -> PendingCall:
         arguments=call.arguments,
         disposition=call.disposition,
         reason=call.reason,
-        state=call.state.value,
+        state=state,
         token=call.token if call.state == CallState.DEFERRED else None,
         created_at=call.created_at,
         expires_at=call.expires_at,

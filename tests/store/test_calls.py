@@ -283,7 +283,7 @@ def test_pending_view_of_one_session_lists_unfinished_calls_in_call_order(any_st
     view = store.pending_view(sid)
     assert [(p.call_id, p.tool, p.disposition, p.state) for p in view] == [
         ("c1", "defer_t", "defer", "deferred"),
-        ("c3", "async_t", "runAsync", "running"),
+        ("c3", "async_t", "runAsync", "queued"),
     ]
     assert view[0].token == token_of(calls, "c1") and view[1].token is None
     assert view[0].reason == "a human approves"
@@ -397,3 +397,23 @@ def test_a_failed_session_can_be_cancelled(any_store: Store) -> None:
     h = store.header(sid)
     assert (h.status, h.state) == (Status.CANCELLED, State.CANCELLED)
     assert store.list_sessions("failed") == []
+
+
+def test_a_dispatched_call_reads_queued_until_a_worker_starts_it(any_store: Store) -> None:
+    store = any_store
+    sid, calls = waiting_on(store, ("c1", "async_t"), ("c2", "defer_t"))
+    f1 = field_of(store, sid, "c1")
+
+    def states() -> dict[str, dict[str, str]]:
+        by_view = {
+            "session": {p.call_id: p.state for p in store.pending_view(sid)},
+            "all": {p.call_id: p.state for p in store.pending_view() if p.session_id == sid},
+            "list": {p.call_id: p.state for p in store.live_state([store.header(sid)])[0][0]},
+        }
+        return by_view
+
+    assert all(v == {"c1": "queued", "c2": "deferred"} for v in states().values()), states()
+    # What a worker does when it takes the call (runtime.calls.run_call).
+    store.client.set(store.keys.call_started(sid, f1), "worker-1", ex=60)
+    assert all(v == {"c1": "running", "c2": "deferred"} for v in states().values()), states()
+    assert [c.state for c in store.pending_calls(sid)] == [CallState.RUNNING, CallState.DEFERRED]
