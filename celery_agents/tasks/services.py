@@ -4,6 +4,7 @@ expires deadlines, and writes the worker's heartbeat. One worker sweeps at a tim
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -156,7 +157,7 @@ class WorkerServices:
                         claim_idle=2 * lock_ms / 1000,
                         wake=lambda sid, v: dispatcher.step(sid, v, "wake"),
                     )
-                consumer.poll(block_ms=1000)
+                consumer.poll(block_ms=250)  # short: a stopping worker waits for it
             except Exception:
                 log.exception("applying completions failed; retrying")
                 consumer = None
@@ -183,6 +184,11 @@ def _on_worker_init(**_: Any) -> None:
     from celery_agents.llm.adapter import warm_up
 
     warm_up()
+    # What is loaded by now lives as long as the process: keep it out of the collector's sight.
+    # Forked pool processes then share those pages instead of copying them when a collection
+    # touches them, and a stopping process skips collecting them (exit ~1.3 s → ~0.05 s each).
+    gc.collect()
+    gc.freeze()
 
 
 @worker_ready.connect

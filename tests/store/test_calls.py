@@ -401,16 +401,15 @@ def test_a_failed_session_can_be_cancelled(any_store: Store) -> None:
 
 def test_a_dispatched_call_reads_queued_until_a_worker_starts_it(any_store: Store) -> None:
     store = any_store
-    sid, calls = waiting_on(store, ("c1", "async_t"), ("c2", "defer_t"))
+    sid, _ = waiting_on(store, ("c1", "async_t"), ("c2", "defer_t"))
     f1 = field_of(store, sid, "c1")
 
     def states() -> dict[str, dict[str, str]]:
-        by_view = {
+        return {
             "session": {p.call_id: p.state for p in store.pending_view(sid)},
             "all": {p.call_id: p.state for p in store.pending_view() if p.session_id == sid},
             "list": {p.call_id: p.state for p in store.live_state([store.header(sid)])[0][0]},
         }
-        return by_view
 
     assert all(v == {"c1": "queued", "c2": "deferred"} for v in states().values()), states()
     # What a worker does when it takes the call (runtime.calls.run_call).

@@ -191,3 +191,18 @@ def test_a_root_worker_runs_each_tool_under_a_uid_of_its_own(isolated: ToolRunne
     first, second = run_tool(isolated, agent, "uid"), run_tool(isolated, agent, "uid")
     assert first.result != 0 and first.result == first.meta["uid"]
     assert second.result != first.result
+
+
+def test_under_bubblewrap_the_network_is_cut_unless_the_tool_asks_for_it(isolated: ToolRunner, level: str) -> None:
+    if level != "bwrap":
+        pytest.skip("documented limit: without bubblewrap an isolated tool reaches the worker's network")
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as server:  # stands in for the worker's Redis
+        port = server.getsockname()[1]
+        code = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=3); print('connected')"
+        agent = make_agent([tool("cut", code), tool("allowed", code, network=True)])
+        cut = run_tool(isolated, agent, "cut")
+        assert cut.state == "failed" and "Connection refused" in (cut.error or ""), (cut.state, cut.error)
+        allowed = run_tool(isolated, agent, "allowed")
+        assert allowed.state == "completed" and allowed.result == "connected", allowed.error
