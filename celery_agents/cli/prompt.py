@@ -73,13 +73,17 @@ def read_media(path: str) -> Media:
     except FileNotFoundError:
         raise InvalidInput(f"--media {path}: no such file") from None
     if size > MEDIA_MAX_BYTES:
-        raise InvalidInput(f"--media {path}: {size} bytes is more than the limit of {MEDIA_MAX_BYTES} "
-                           "(AGENTS_MEDIA_MAX_BYTES)")
+        raise InvalidInput(
+            f"--media {path}: {size} bytes is more than the limit of {MEDIA_MAX_BYTES} (AGENTS_MEDIA_MAX_BYTES)"
+        )
     if size == 0:
         raise InvalidInput(f"--media {path}: the file is empty")
     mime, _ = mimetypes.guess_type(p.name)
-    return Media(mime_type=mime or "application/octet-stream", data_base64=base64.b64encode(p.read_bytes()).decode(),
-                 filename=p.name)
+    return Media(
+        mime_type=mime or "application/octet-stream",
+        data_base64=base64.b64encode(p.read_bytes()).decode(),
+        filename=p.name,
+    )
 
 
 def read_result(source: str) -> str:

@@ -45,6 +45,9 @@ def argument_problems(tool: str, schema: dict[str, Any], arguments: Any) -> str 
         lines.append(f"- {where + ': ' if where else ''}{err.message}")
     if len(errors) > 10:
         lines.append(f"- … and {len(errors) - 10} more")
-    return (f"invalid arguments for {tool}:\n" + "\n".join(lines)
-            + f"\nExpected a JSON object with: {expected_arguments(schema)}. "
-            f"Call {tool} again with corrected arguments.")
+    return (
+        f"invalid arguments for {tool}:\n"
+        + "\n".join(lines)
+        + f"\nExpected a JSON object with: {expected_arguments(schema)}. "
+        f"Call {tool} again with corrected arguments."
+    )

@@ -17,9 +17,20 @@ from collections.abc import Iterable
 from pathlib import Path
 
 _SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-_ETC = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives", "/etc/localtime",
-        "/etc/passwd", "/etc/group", "/etc/nsswitch.conf", "/etc/hosts", "/etc/ssl", "/etc/ca-certificates",
-        "/etc/mime.types")
+_ETC = (
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/alternatives",
+    "/etc/localtime",
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/nsswitch.conf",
+    "/etc/hosts",
+    "/etc/ssl",
+    "/etc/ca-certificates",
+    "/etc/mime.types",
+)
 _NETWORK_ETC = ("/etc/resolv.conf", "/etc/gai.conf", "/etc/host.conf")
 
 
@@ -33,8 +44,18 @@ def bwrap_argv(bwrap: str, workdir: str, readable: Iterable[str], network: bool,
     argv = [bwrap, "--die-with-parent", "--new-session"]
     if as_root:
         # A user namespace would map root to root and forbid the drop to the run's own uid.
-        argv += ["--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try",
-                 "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+        argv += [
+            "--unshare-ipc",
+            "--unshare-pid",
+            "--unshare-uts",
+            "--unshare-cgroup-try",
+            "--cap-drop",
+            "ALL",
+            "--cap-add",
+            "CAP_SETUID",
+            "--cap-add",
+            "CAP_SETGID",
+        ]
         if not network:
             argv.append("--unshare-net")
     else:
@@ -46,8 +67,11 @@ def bwrap_argv(bwrap: str, workdir: str, readable: Iterable[str], network: bool,
     argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp"]
     bound = [p for p in _SYSTEM if os.path.exists(p)] + ["/tmp"]
     made: set[str] = set()
-    wanted = sorted({os.path.realpath(p) for p in readable if os.path.exists(p)} | {p for p in readable if
-                    os.path.isabs(p) and os.path.exists(p)}, key=len)
+    wanted = sorted(
+        {os.path.realpath(p) for p in readable if os.path.exists(p)}
+        | {p for p in readable if os.path.isabs(p) and os.path.exists(p)},
+        key=len,
+    )
     for path in wanted:
         if path == "/" or any(_within(path, b) for b in bound if b != "/tmp"):
             continue
@@ -55,8 +79,11 @@ def bwrap_argv(bwrap: str, workdir: str, readable: Iterable[str], network: bool,
         # Python installed under it from the run's uid): create them searchable first.
         for parent in reversed(Path(path).parents):
             name = str(parent)
-            if name not in ("/", "/tmp") and name not in made and not any(
-                    _within(name, b) for b in bound if b != "/tmp"):
+            if (
+                name not in ("/", "/tmp")
+                and name not in made
+                and not any(_within(name, b) for b in bound if b != "/tmp")
+            ):
                 made.add(name)
                 argv += ["--perms", "0755", "--dir", name]
         argv += ["--ro-bind", os.path.realpath(path), path]

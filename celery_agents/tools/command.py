@@ -67,8 +67,11 @@ def _killed_by(sig: int, limits: Limits | None) -> str:
         name = f"signal {sig}"
     why = ""
     if sig == signal.SIGXCPU:
-        why = f": it used up its CPU time limit ({limits.cpu_seconds} s)" if limits and limits.cpu_seconds else \
-            ": it used up its CPU time limit"
+        why = (
+            f": it used up its CPU time limit ({limits.cpu_seconds} s)"
+            if limits and limits.cpu_seconds
+            else ": it used up its CPU time limit"
+        )
     elif sig == signal.SIGXFSZ:
         why = ": it wrote a file past its file size limit"
     elif sig == signal.SIGKILL and limits is not None:
@@ -78,35 +81,61 @@ def _killed_by(sig: int, limits: Limits | None) -> str:
     return f"the tool was killed by {name}{why}"
 
 
-def outcome_of(res: ProcessResult, *, timeout: float, empty_result: str | None = None,
-               media_type: str | None = None, limits: Limits | None = None) -> CallOutcome:
+def outcome_of(
+    res: ProcessResult,
+    *,
+    timeout: float,
+    empty_result: str | None = None,
+    media_type: str | None = None,
+    limits: Limits | None = None,
+) -> CallOutcome:
     """The call's outcome from how its process ended."""
     stderr = res.stderr.decode(errors="replace")
     base: dict[str, Any] = {"duration_ms": res.duration_ms, "exit_status": res.exit_status}
     if res.timed_out:
-        return CallOutcome(state="failed", **base, meta={"timed_out": True, "retryable": True}, error=(
-            f"the tool did not finish within {timeout:g} s and was killed (its whole process group: "
-            "SIGTERM, then SIGKILL)" + (f"; its last error output: {_tail(stderr)}" if stderr.strip() else "")))
+        return CallOutcome(
+            state="failed",
+            **base,
+            meta={"timed_out": True, "retryable": True},
+            error=(
+                f"the tool did not finish within {timeout:g} s and was killed (its whole process group: "
+                "SIGTERM, then SIGKILL)" + (f"; its last error output: {_tail(stderr)}" if stderr.strip() else "")
+            ),
+        )
     if res.exit_status is None:
         return CallOutcome(state="failed", **base, error=_tail(stderr) or "the tool could not be started")
     if res.exit_status < 0:
         text = _killed_by(-res.exit_status, limits)
-        return CallOutcome(state="failed", **base, meta={"signal": -res.exit_status},
-                           error=text + (f"; its error output: {_tail(stderr)}" if stderr.strip() else ""))
+        return CallOutcome(
+            state="failed",
+            **base,
+            meta={"signal": -res.exit_status},
+            error=text + (f"; its error output: {_tail(stderr)}" if stderr.strip() else ""),
+        )
     if res.exit_status != 0:
-        return CallOutcome(state="failed", **base, meta={"retryable": res.exit_status == EX_TEMPFAIL},
-                           error=_tail(stderr) or f"the tool exited with status {res.exit_status}")
+        return CallOutcome(
+            state="failed",
+            **base,
+            meta={"retryable": res.exit_status == EX_TEMPFAIL},
+            error=_tail(stderr) or f"the tool exited with status {res.exit_status}",
+        )
     meta: dict[str, Any] = {}
     if res.stdout_truncated:
         meta["output_capped"] = {"written": res.stdout_bytes, "cap": len(res.stdout)}
     if media_type and res.stdout and not res.stdout_truncated:
         media = media_from_bytes(res.stdout, media_type)
-        return CallOutcome(state="completed", **base, media=[media], meta=meta,
-                           result=f"attached: {media_type} ({len(res.stdout)} bytes)")
+        return CallOutcome(
+            state="completed",
+            **base,
+            media=[media],
+            meta=meta,
+            result=f"attached: {media_type} ({len(res.stdout)} bytes)",
+        )
     text = res.stdout.decode(errors="replace")
     if res.stdout_truncated:
-        return CallOutcome(state="completed", **base, meta=meta,
-                           result=text + capped_note(res.stdout_bytes, len(res.stdout)))
+        return CallOutcome(
+            state="completed", **base, meta=meta, result=text + capped_note(res.stdout_bytes, len(res.stdout))
+        )
     if not text.strip() and empty_result:
         return CallOutcome(state="completed", **base, result=empty_result)
     result, found = split_media(parse_output(text))

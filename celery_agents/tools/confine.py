@@ -184,8 +184,13 @@ def main() -> None:
     cfg = json.loads(sys.argv[1])
     status_fd = cfg["status_fd"]
     os.set_inheritable(status_fd, False)
-    status = {"exit_status": None, "timed_out": False, "stopped": False, "leftovers": False,
-              "subreaper": _become_subreaper()}
+    status = {
+        "exit_status": None,
+        "timed_out": False,
+        "stopped": False,
+        "leftovers": False,
+        "subreaper": _become_subreaper(),
+    }
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)

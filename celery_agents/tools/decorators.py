@@ -36,8 +36,9 @@ def backoff_delay(disp: Disposition, retry: int) -> float:
     return float(min(MAX_BACKOFF, base * (2 ** (retry - 1))))
 
 
-def with_retries(once: Callable[[], CallOutcome], disp: Disposition,
-                 sleep: Callable[[float], None] = time.sleep) -> CallOutcome:
+def with_retries(
+    once: Callable[[], CallOutcome], disp: Disposition, sleep: Callable[[float], None] = time.sleep
+) -> CallOutcome:
     """Run `once` until it succeeds, fails for good, or the retries are spent."""
     allowed = 1 + (disp.retries or 0)
     started = time.monotonic()

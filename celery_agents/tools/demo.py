@@ -25,6 +25,12 @@ def get_forecast(city: str, days: int = 3) -> dict[str, Any]:
     out = []
     for d in range(max(1, min(int(days), 7))):
         v = (s >> (d * 3)) % 97
-        out.append({"day": names[d], "high_c": 10 + v % 16, "low_c": 3 + v % 9,
-                    "conditions": _CONDITIONS[v % len(_CONDITIONS)]})
+        out.append(
+            {
+                "day": names[d],
+                "high_c": 10 + v % 16,
+                "low_c": 3 + v % 9,
+                "conditions": _CONDITIONS[v % len(_CONDITIONS)],
+            }
+        )
     return {"city": city, "days": out}

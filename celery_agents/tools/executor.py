@@ -52,14 +52,21 @@ class ToolRunner:
         tool = agent.tool(call.tool)
         if tool is None:
             names = ", ".join(t.name for t in agent.tools) or "none"
-            return CallOutcome(state="failed", attempts=0,
-                               error=f"there is no tool named {call.tool!r}; the tools are: {names}")
+            return CallOutcome(
+                state="failed", attempts=0, error=f"there is no tool named {call.tool!r}; the tools are: {names}"
+            )
         if tool.external:
-            return CallOutcome(state="failed", attempts=0,
-                               error=f"{tool.name} is an external tool: only a completion through its token answers it")
+            return CallOutcome(
+                state="failed",
+                attempts=0,
+                error=f"{tool.name} is an external tool: only a completion through its token answers it",
+            )
         args = {} if call.arguments is None else call.arguments
-        problems = argument_problems(tool.name, tool.parameters, args) if isinstance(args, dict) else \
-            f"the arguments of {tool.name} must be a JSON object"
+        problems = (
+            argument_problems(tool.name, tool.parameters, args)
+            if isinstance(args, dict)
+            else f"the arguments of {tool.name} must be a JSON object"
+        )
         if problems:
             return CallOutcome(state="failed", attempts=0, error=problems, meta={"invalid_arguments": True})
         disp = disposition_for(agent, call.tool)
@@ -78,14 +85,23 @@ class ToolRunner:
             outcome.meta.setdefault("isolation", "none")
         return outcome
 
-    def _once(self, agent: AgentSpec, tool: ToolSpec, args: dict[str, Any], limits: Limits, timeout: float,
-              session_id: str, call: TrackedCall) -> CallOutcome:
+    def _once(
+        self,
+        agent: AgentSpec,
+        tool: ToolSpec,
+        args: dict[str, Any],
+        limits: Limits,
+        timeout: float,
+        session_id: str,
+        call: TrackedCall,
+    ) -> CallOutcome:
         if tool.python:
             return self._python(agent, tool, args, limits, timeout, session_id, call)
         if tool.script:
             script = resolve_argv([tool.script], agent.base_dir)[0]
-            argv, stdin = script_invocation(script, list(tool.script_args) if tool.script_args is not None else None,
-                                            args)
+            argv, stdin = script_invocation(
+                script, list(tool.script_args) if tool.script_args is not None else None, args
+            )
             env = call_env(session_id, call, agents_exe=True)
         else:
             argv = resolve_argv(list(tool.command or []), agent.base_dir)
@@ -93,18 +109,46 @@ class ToolRunner:
         if self.isolated:
             needs = _program_paths(argv)
             readable = [*python_install(), *([agent.base_dir] if agent.base_dir else [])]
-            run = self.sandbox.run(argv, stdin, call_env=env, env_names=tool.env, limits=limits, timeout=timeout,
-                                   network=tool.network, readable=readable, needs=needs)
-            outcome = outcome_of(run.process, timeout=timeout, empty_result=tool.empty_result,
-                                 media_type=tool.output_media_type, limits=limits)
+            run = self.sandbox.run(
+                argv,
+                stdin,
+                call_env=env,
+                env_names=tool.env,
+                limits=limits,
+                timeout=timeout,
+                network=tool.network,
+                readable=readable,
+                needs=needs,
+            )
+            outcome = outcome_of(
+                run.process,
+                timeout=timeout,
+                empty_result=tool.empty_result,
+                media_type=tool.output_media_type,
+                limits=limits,
+            )
             outcome.meta.update(run.meta)
             return outcome
-        res = run_process(argv, stdin, env={**os.environ, **env}, cwd=_folder(agent), timeout=timeout,
-                          output_cap=limits.output_bytes or OUTPUT_CAP)
+        res = run_process(
+            argv,
+            stdin,
+            env={**os.environ, **env},
+            cwd=_folder(agent),
+            timeout=timeout,
+            output_cap=limits.output_bytes or OUTPUT_CAP,
+        )
         return outcome_of(res, timeout=timeout, empty_result=tool.empty_result, media_type=tool.output_media_type)
 
-    def _python(self, agent: AgentSpec, tool: ToolSpec, args: dict[str, Any], limits: Limits, timeout: float,
-                session_id: str, call: TrackedCall) -> CallOutcome:
+    def _python(
+        self,
+        agent: AgentSpec,
+        tool: ToolSpec,
+        args: dict[str, Any],
+        limits: Limits,
+        timeout: float,
+        session_id: str,
+        call: TrackedCall,
+    ) -> CallOutcome:
         spec = tool.python or ""
         cap = limits.output_bytes or OUTPUT_CAP
         if not self.isolated:
@@ -112,15 +156,28 @@ class ToolRunner:
             envelope = call_in_thread(spec, args, timeout)
             duration = (time.monotonic() - started) * 1000
             if envelope is None:
-                return CallOutcome(state="failed", duration_ms=duration, meta={"timed_out": True, "retryable": True},
-                                   error=(f"the tool did not finish within {timeout:g} s (it runs inside the worker "
-                                          "and goes on in the background; runIsolated would have killed it)"))
+                return CallOutcome(
+                    state="failed",
+                    duration_ms=duration,
+                    meta={"timed_out": True, "retryable": True},
+                    error=(
+                        f"the tool did not finish within {timeout:g} s (it runs inside the worker "
+                        "and goes on in the background; runIsolated would have killed it)"
+                    ),
+                )
             return _outcome_of_envelope(envelope, duration, None, cap)
         paths = [*python_paths(), *([agent.base_dir] if agent.base_dir else [])]
         argv = [sys.executable, "-I", "-B", "-c", CHILD_BOOTSTRAP]
-        run = self.sandbox.run(argv, child_request(spec, args, paths, cap), call_env=call_env(session_id, call),
-                               env_names=tool.env, limits=limits, timeout=timeout, network=tool.network,
-                               needs=[sys.executable, *paths])
+        run = self.sandbox.run(
+            argv,
+            child_request(spec, args, paths, cap),
+            call_env=call_env(session_id, call),
+            env_names=tool.env,
+            limits=limits,
+            timeout=timeout,
+            network=tool.network,
+            needs=[sys.executable, *paths],
+        )
         proc = run.process
         if proc.timed_out or proc.exit_status != 0:
             outcome = outcome_of(proc, timeout=timeout, limits=limits)
@@ -128,22 +185,32 @@ class ToolRunner:
             try:
                 envelope = json.loads(proc.stdout.decode(errors="replace"))
             except json.JSONDecodeError:
-                envelope = {"ok": False, "kind": "exception", "retryable": False,
-                            "error": "the tool's answer was cut or unreadable: "
-                                     + (proc.stderr.decode(errors="replace").strip()[-2000:] or "no error output")}
+                envelope = {
+                    "ok": False,
+                    "kind": "exception",
+                    "retryable": False,
+                    "error": "the tool's answer was cut or unreadable: "
+                    + (proc.stderr.decode(errors="replace").strip()[-2000:] or "no error output"),
+                }
             outcome = _outcome_of_envelope(envelope, proc.duration_ms, proc.exit_status, cap)
         outcome.meta.update(run.meta)
         return outcome
 
 
-def _outcome_of_envelope(envelope: dict[str, Any], duration_ms: float, exit_status: int | None,
-                         cap: int) -> CallOutcome:
+def _outcome_of_envelope(
+    envelope: dict[str, Any], duration_ms: float, exit_status: int | None, cap: int
+) -> CallOutcome:
     if not envelope.get("ok"):
         meta: dict[str, Any] = {"retryable": bool(envelope.get("retryable"))}
         if envelope.get("kind") == "arguments":
             meta["invalid_arguments"] = True
-        return CallOutcome(state="failed", error=str(envelope.get("error") or "the tool failed"),
-                           duration_ms=duration_ms, exit_status=exit_status, meta=meta)
+        return CallOutcome(
+            state="failed",
+            error=str(envelope.get("error") or "the tool failed"),
+            duration_ms=duration_ms,
+            exit_status=exit_status,
+            meta=meta,
+        )
     meta = {}
     result, media = split_media(envelope.get("value"))
     if envelope.get("output_capped"):
@@ -152,8 +219,9 @@ def _outcome_of_envelope(envelope: dict[str, Any], duration_ms: float, exit_stat
         result, size = cut(result, cap)
         if size is not None:
             meta["output_capped"] = {"written": size, "cap": cap}
-    return CallOutcome(state="completed", result=result, media=media, duration_ms=duration_ms,
-                       exit_status=exit_status, meta=meta)
+    return CallOutcome(
+        state="completed", result=result, media=media, duration_ms=duration_ms, exit_status=exit_status, meta=meta
+    )
 
 
 def _folder(agent: AgentSpec) -> str | None:

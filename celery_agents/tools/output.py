@@ -19,7 +19,7 @@ from celery_agents.model import Media
 def parse_output(text: str) -> Any:
     """Tool output: a JSON value when it parses as one, else the stripped text."""
     stripped = text.strip()
-    if stripped[:1] in "{[\"" or stripped in ("true", "false", "null") or _is_number(stripped):
+    if stripped[:1] in '{["' or stripped in ("true", "false", "null") or _is_number(stripped):
         try:
             return json.loads(stripped)
         except json.JSONDecodeError:
@@ -53,8 +53,11 @@ def _media_of(part: Any) -> Media | None:
 def split_media(value: Any) -> tuple[Any, list[Media]]:
     """(result, media): images taken out of a tool's answer; the answer itself when it has none."""
     parts: list[Any] | None = None
-    if isinstance(value, dict) and isinstance(value.get("content"), list) and set(value) <= {
-            "content", "isError", "structuredContent", "_meta"}:
+    if (
+        isinstance(value, dict)
+        and isinstance(value.get("content"), list)
+        and set(value) <= {"content", "isError", "structuredContent", "_meta"}
+    ):
         parts = value["content"]
     elif isinstance(value, list) and value and all(isinstance(p, dict) and "type" in p for p in value):
         parts = value
@@ -66,8 +69,9 @@ def split_media(value: Any) -> tuple[Any, list[Media]]:
     if not media:
         return value, []
     rest = [p for p in parts if _media_of(p) is None]
-    texts = [p["text"] for p in rest
-             if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)]
+    texts = [
+        p["text"] for p in rest if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+    ]
     if len(texts) == len(rest):
         described = ", ".join(f"{m.mime_type} ({len(m.data_base64) * 3 // 4} bytes)" for m in media)
         result: Any = "\n".join(texts) if texts else f"attached: {described}"

@@ -201,17 +201,39 @@ def kill_group(proc: subprocess.Popen[bytes], grace: float = 1.0) -> None:
     proc.wait()
 
 
-def run_process(argv: Sequence[str], stdin: bytes, *, env: dict[str, str], cwd: str | None, timeout: float,
-                output_cap: int, stderr_cap: int = STDERR_CAP, grace: float = 1.0,
-                pass_fds: Sequence[int] = ()) -> ProcessResult:
+def run_process(
+    argv: Sequence[str],
+    stdin: bytes,
+    *,
+    env: dict[str, str],
+    cwd: str | None,
+    timeout: float,
+    output_cap: int,
+    stderr_cap: int = STDERR_CAP,
+    grace: float = 1.0,
+    pass_fds: Sequence[int] = (),
+) -> ProcessResult:
     """Run argv in its own session and process group; see the module docstring."""
     started = time.monotonic()
     try:
-        proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env=env, cwd=cwd, start_new_session=True, pass_fds=tuple(pass_fds))
+        proc = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+            pass_fds=tuple(pass_fds),
+        )
     except OSError as exc:
-        return ProcessResult(None, b"", f"cannot start {argv[0]!r}: {exc.strerror or exc}".encode(), False,
-                             (time.monotonic() - started) * 1000)
+        return ProcessResult(
+            None,
+            b"",
+            f"cannot start {argv[0]!r}: {exc.strerror or exc}".encode(),
+            False,
+            (time.monotonic() - started) * 1000,
+        )
     pump = _Pump(proc, stdin, output_cap, stderr_cap)
     deadline = started + timeout
     timed_out = False
@@ -238,5 +260,11 @@ def run_process(argv: Sequence[str], stdin: bytes, *, env: dict[str, str], cwd: 
             kill_group(proc, 0)
         proc.wait()
         _await_group_gone(proc.pid, _DRAIN_SECONDS)
-    return ProcessResult(proc.returncode, bytes(pump.out), bytes(pump.err[-stderr_cap:]), timed_out,
-                         (time.monotonic() - started) * 1000, pump.out_total)
+    return ProcessResult(
+        proc.returncode,
+        bytes(pump.out),
+        bytes(pump.err[-stderr_cap:]),
+        timed_out,
+        (time.monotonic() - started) * 1000,
+        pump.out_total,
+    )

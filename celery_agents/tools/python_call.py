@@ -65,8 +65,9 @@ def call_function(spec: str, arguments: Any) -> dict[str, Any]:
 def call_in_thread(spec: str, arguments: Any, timeout: float) -> dict[str, Any] | None:
     """The envelope, or None when the call did not finish within `timeout` seconds."""
     box: list[dict[str, Any]] = []
-    thread = threading.Thread(target=lambda: box.append(call_function(spec, arguments)),
-                              name=f"tool:{spec}", daemon=True)
+    thread = threading.Thread(
+        target=lambda: box.append(call_function(spec, arguments)), name=f"tool:{spec}", daemon=True
+    )
     thread.start()
     thread.join(timeout)
     return box[0] if box else None
@@ -86,7 +87,8 @@ def child_main(request: dict[str, Any]) -> None:
     cap = int(request.get("output_cap") or 0)
     if cap and len(text.encode()) > cap and envelope.get("ok"):
         value, size = cut(envelope["value"], max(cap - 1024, 256))
-        text = json.dumps({"ok": True, "value": value, "output_capped": {"written": size, "cap": cap}},
-                          ensure_ascii=False)
+        text = json.dumps(
+            {"ok": True, "value": value, "output_capped": {"written": size, "cap": cap}}, ensure_ascii=False
+        )
     out.write(text)
     out.flush()

@@ -35,8 +35,9 @@ from celery_agents.tools.process import ProcessResult, run_process
 
 log = logging.getLogger(__name__)
 
-DEFAULT_LIMITS = Limits(memory_mb=1024, cpu_seconds=60, open_files=256, file_size_mb=64, processes=64,
-                        output_bytes=1_000_000)
+DEFAULT_LIMITS = Limits(
+    memory_mb=1024, cpu_seconds=60, open_files=256, file_size_mb=64, processes=64, output_bytes=1_000_000
+)
 CONFINE = str(Path(__file__).with_name("confine.py"))
 #: the variables a sandboxed tool gets from the worker, whatever the tool asks
 ALLOWED_ENV = ("PATH", "LANG")
@@ -58,9 +59,11 @@ class SandboxConfig:
     @classmethod
     def from_env(cls) -> SandboxConfig:
         env = os.environ
-        return cls(bwrap=(env.get("AGENTS_SANDBOX_BWRAP") or "auto").lower(),
-                   uid=(env.get("AGENTS_SANDBOX_UID") or "auto").lower(),
-                   root=env.get("AGENTS_SANDBOX_DIR") or None)
+        return cls(
+            bwrap=(env.get("AGENTS_SANDBOX_BWRAP") or "auto").lower(),
+            uid=(env.get("AGENTS_SANDBOX_UID") or "auto").lower(),
+            root=env.get("AGENTS_SANDBOX_DIR") or None,
+        )
 
 
 @dataclass
@@ -75,8 +78,11 @@ class SandboxRun:
 
     @property
     def meta(self) -> dict[str, object]:
-        out: dict[str, object] = {"isolation": self.isolation, "uid": self.uid,
-                                  "limits": self.limits.model_dump(by_alias=True, exclude_none=True)}
+        out: dict[str, object] = {
+            "isolation": self.isolation,
+            "uid": self.uid,
+            "limits": self.limits.model_dump(by_alias=True, exclude_none=True),
+        }
         if self.status.get("uid_note"):
             out["uid_note"] = self.status["uid_note"]
         return out
@@ -151,26 +157,56 @@ class Sandbox:
                     self._bwrap = found
                 else:
                     why = probe.process.stderr.decode(errors="replace").strip()
-                    log.warning("bubblewrap is installed but cannot run here (%s); sandboxed tools run "
-                                "with rlimits only", why)
+                    log.warning(
+                        "bubblewrap is installed but cannot run here (%s); sandboxed tools run with rlimits only", why
+                    )
             if self._bwrap is None and self.config.bwrap == "require":
-                raise SandboxUnavailable("bubblewrap is required (AGENTS_SANDBOX_BWRAP=require) but "
-                                         f"{'does not run here' if found else 'is not installed (bwrap)'}")
+                raise SandboxUnavailable(
+                    "bubblewrap is required (AGENTS_SANDBOX_BWRAP=require) but "
+                    f"{'does not run here' if found else 'is not installed (bwrap)'}"
+                )
         return self._bwrap  # type: ignore[return-value]
 
-    def run(self, argv: Sequence[str], stdin: bytes, *, call_env: dict[str, str], env_names: Iterable[str] = (),
-            limits: Limits = DEFAULT_LIMITS, timeout: float, network: bool = False,
-            readable: Iterable[str] = (), needs: Iterable[str] = ()) -> SandboxRun:
+    def run(
+        self,
+        argv: Sequence[str],
+        stdin: bytes,
+        *,
+        call_env: dict[str, str],
+        env_names: Iterable[str] = (),
+        limits: Limits = DEFAULT_LIMITS,
+        timeout: float,
+        network: bool = False,
+        readable: Iterable[str] = (),
+        needs: Iterable[str] = (),
+    ) -> SandboxRun:
         """Run argv confined. `needs`: the files the tool cannot run without (its program, its
         script); `readable`: everything it may read (bound read-only under bubblewrap)."""
         bwrap = self.bwrap()
         needed = list(needs)
-        return self._run(list(argv), stdin, call_env, list(env_names), limits, timeout,
-                         (bwrap, [*readable, *needed], network) if bwrap else None, needs=needed)
+        return self._run(
+            list(argv),
+            stdin,
+            call_env,
+            list(env_names),
+            limits,
+            timeout,
+            (bwrap, [*readable, *needed], network) if bwrap else None,
+            needs=needed,
+        )
 
-    def _run(self, argv: list[str], stdin: bytes, call_env: dict[str, str], env_names: list[str], limits: Limits,
-             timeout: float, wrap: tuple[str, list[str], bool] | None, needs: list[str],
-             grace: float = 1.0) -> SandboxRun:
+    def _run(
+        self,
+        argv: list[str],
+        stdin: bytes,
+        call_env: dict[str, str],
+        env_names: list[str],
+        limits: Limits,
+        timeout: float,
+        wrap: tuple[str, list[str], bool] | None,
+        needs: list[str],
+        grace: float = 1.0,
+    ) -> SandboxRun:
         workdir = tempfile.mkdtemp(prefix="agents-sandbox-", dir=self.config.root)
         uid = self._uid()
         drop_here = uid
@@ -184,20 +220,37 @@ class Sandbox:
             hidden = [p for p in needs if not reachable_by_others(p)]
             if hidden:
                 uid = drop_here = None
-                note = (f"kept the worker's uid: {hidden[0]} is not readable by other users "
-                        "(install bubblewrap, or keep tools in folders others can read)")
+                note = (
+                    f"kept the worker's uid: {hidden[0]} is not readable by other users "
+                    "(install bubblewrap, or keep tools in folders others can read)"
+                )
         status_r, status_w = os.pipe()
         try:
             if uid is not None:
                 os.chown(workdir, uid, uid)
             if wrap is not None:
                 argv = bwrap_argv(wrap[0], workdir, wrap[1], wrap[2], as_root=os.geteuid() == 0) + argv
-            cfg = {"argv": argv, "limits": rlimits(limits), "nproc_extra": uid is None, "uid": drop_here,
-                   "gid": drop_here, "timeout": timeout, "grace": grace, "status_fd": status_w}
+            cfg = {
+                "argv": argv,
+                "limits": rlimits(limits),
+                "nproc_extra": uid is None,
+                "uid": drop_here,
+                "gid": drop_here,
+                "timeout": timeout,
+                "grace": grace,
+                "status_fd": status_w,
+            }
             launcher = [sys.executable, "-I", "-S", "-B", CONFINE, json.dumps(cfg)]
-            result = run_process(launcher, stdin, env=sandbox_env(call_env, env_names, workdir), cwd=workdir,
-                                 timeout=timeout + grace + _BACKSTOP, output_cap=limits.output_bytes or 1_000_000,
-                                 grace=grace, pass_fds=(status_w,))
+            result = run_process(
+                launcher,
+                stdin,
+                env=sandbox_env(call_env, env_names, workdir),
+                cwd=workdir,
+                timeout=timeout + grace + _BACKSTOP,
+                output_cap=limits.output_bytes or 1_000_000,
+                grace=grace,
+                pass_fds=(status_w,),
+            )
             os.close(status_w)
             status_w = -1
             status = _read_status(status_r)

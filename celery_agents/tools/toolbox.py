@@ -36,8 +36,9 @@ def _executables(path: Path, name_filter: str | None) -> list[Path]:
     if path.is_file():
         return [path]
     if not path.is_dir():
-        raise ToolboxError(f"{path}: no such folder or file "
-                           "(fix the path; relative paths start at the agent file's folder)")
+        raise ToolboxError(
+            f"{path}: no such folder or file (fix the path; relative paths start at the agent file's folder)"
+        )
     found = []
     for entry in sorted(path.iterdir()):
         if name_filter and name_filter not in entry.name:
@@ -49,20 +50,31 @@ def _executables(path: Path, name_filter: str | None) -> list[Path]:
 
 def describe_executable(path: Path) -> dict[str, Any]:
     """`path describe` as JSON; `ToolboxError` when it does not answer one."""
-    res = run_process([str(path), "describe"], b"", env=dict(os.environ), cwd=str(path.parent),
-                      timeout=DESCRIBE_TIMEOUT, output_cap=1_000_000)
+    res = run_process(
+        [str(path), "describe"],
+        b"",
+        env=dict(os.environ),
+        cwd=str(path.parent),
+        timeout=DESCRIBE_TIMEOUT,
+        output_cap=1_000_000,
+    )
     if res.exit_status != 0:
         why = res.stderr.decode(errors="replace").strip() or (
-            "timed out" if res.timed_out else f"exit status {res.exit_status}")
-        raise ToolboxError(f"{path}: `{path.name} describe` failed: {why} "
-                           "(make it print its JSON description, or move it out of the toolbox folder)")
+            "timed out" if res.timed_out else f"exit status {res.exit_status}"
+        )
+        raise ToolboxError(
+            f"{path}: `{path.name} describe` failed: {why} "
+            "(make it print its JSON description, or move it out of the toolbox folder)"
+        )
     try:
         info = json.loads(res.stdout.decode(errors="replace"))
     except json.JSONDecodeError as exc:
-        raise ToolboxError(f"{path}: `{path.name} describe` did not print JSON ({exc.msg}); "
-                           "it must print {\"slug\", \"description\", \"args\"}") from None
+        raise ToolboxError(
+            f"{path}: `{path.name} describe` did not print JSON ({exc.msg}); "
+            'it must print {"slug", "description", "args"}'
+        ) from None
     if not isinstance(info, dict) or not isinstance(info.get("slug"), str):
-        raise ToolboxError(f"{path}: the description has no \"slug\" (add the tool's name as \"slug\")")
+        raise ToolboxError(f'{path}: the description has no "slug" (add the tool\'s name as "slug")')
     return info
 
 
@@ -78,8 +90,11 @@ def schema_of_args(args: list[ScriptArg]) -> dict[str, Any]:
 
 def tool_from_description(path: Path, info: dict[str, Any], prefix: str) -> dict[str, Any]:
     """The `script` tool entry (agent file form) for one described executable."""
-    tool: dict[str, Any] = {"name": f"{prefix}{info['slug']}", "description": str(info.get("description") or ""),
-                            "script": str(path)}
+    tool: dict[str, Any] = {
+        "name": f"{prefix}{info['slug']}",
+        "description": str(info.get("description") or ""),
+        "script": str(path),
+    }
     if isinstance(info.get("args"), list):
         try:
             args = [ScriptArg.model_validate(a) for a in info["args"]]
@@ -102,8 +117,10 @@ def describe_toolbox(box: Toolbox, base_dir: str | None) -> list[dict[str, Any]]
     path = Path(box.path).expanduser()
     if not path.is_absolute():
         path = Path(base_dir or os.getcwd()) / path
-    return [tool_from_description(exe.resolve(), describe_executable(exe), box.prefix)
-            for exe in _executables(path.resolve(), box.filter)]
+    return [
+        tool_from_description(exe.resolve(), describe_executable(exe), box.prefix)
+        for exe in _executables(path.resolve(), box.filter)
+    ]
 
 
 def script_invocation(script: str, args: list[ScriptArg] | None, arguments: dict[str, Any]) -> tuple[list[str], bytes]:

@@ -20,8 +20,9 @@ from tests.support.llm_server import LlmServer
 pytestmark = pytest.mark.slow
 
 
-def test_sigterm_lets_the_running_step_commit(fleet: Fleet, chaos_settings: Settings, llm_server: LlmServer,
-                                              write_agent: Any, tmp_path: Path) -> None:
+def test_sigterm_lets_the_running_step_commit(
+    fleet: Fleet, chaos_settings: Settings, llm_server: LlmServer, write_agent: Any, tmp_path: Path
+) -> None:
     scenario = llm_server.scenario([conversation(delay_first=2)])
     path = write_agent(agent(scenario, llm_server.url, tmp_path / "runs.jsonl"))
     first = fleet.start()

@@ -27,8 +27,9 @@ def cli_redis(redis_url: str) -> Iterator[redis.Redis]:
 
 
 @pytest.fixture(scope="package")
-def cli_worker(redis_url: str, cli_prefix: str, cli_redis: redis.Redis,
-               tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
+def cli_worker(
+    redis_url: str, cli_prefix: str, cli_redis: redis.Redis, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Worker]:
     log = tmp_path_factory.mktemp("cli-worker") / "worker.log"
     # No isolated queue: `session run-isolated` is how those calls run here (test_run_isolated).
     worker = Worker(worker_env(redis_url, cli_prefix), queues="steps,tools", log=log).start()

@@ -13,13 +13,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-_TOOL = '''\
+_TOOL = """\
 import json, sys
 args = json.load(sys.stdin)
 with open(sys.argv[1], "a") as f:
     f.write(sys.argv[2] + " " + json.dumps(args, sort_keys=True) + "\\n")
 print(json.dumps({"tool": sys.argv[2], "args": args}))
-'''
+"""
 
 # The sandbox sees no test folder: the isolated tool needs nothing but a shell.
 _ISOLATED = 'read -r args; echo "{\\"tool\\": \\"probe_iso\\", \\"args\\": $args}"'
@@ -27,8 +27,15 @@ _ISOLATED = 'read -r args; echo "{\\"tool\\": \\"probe_iso\\", \\"args\\": $args
 _PARAMS = {"type": "object", "properties": {"x": {"type": "string"}}}
 
 
-def write_probe_agent(folder: Path, scenario: str, api_base: str, *, defer_timeout: float | None = None,
-                      name: str = "agent.json", **extra: Any) -> tuple[Path, Path]:
+def write_probe_agent(
+    folder: Path,
+    scenario: str,
+    api_base: str,
+    *,
+    defer_timeout: float | None = None,
+    name: str = "agent.json",
+    **extra: Any,
+) -> tuple[Path, Path]:
     """Write the probe tool and an agent file for `openai/<scenario>`; returns (agent file, counter)."""
     folder.mkdir(parents=True, exist_ok=True)
     tool = folder / "probe_tool.py"
@@ -49,12 +56,24 @@ def write_probe_agent(folder: Path, scenario: str, api_base: str, *, defer_timeo
         "systemPrompt": "You are a test agent.",
         "maxSteps": 20,
         "tools": [
-            {"name": "probe_sync", "description": "runs inline", "parameters": _PARAMS,
-             "command": command("probe_sync")},
-            {"name": "probe_async", "description": "runs as its own task", "parameters": _PARAMS,
-             "command": command("probe_async")},
-            {"name": "probe_iso", "description": "runs isolated", "parameters": _PARAMS,
-             "command": ["/bin/sh", "-c", _ISOLATED]},
+            {
+                "name": "probe_sync",
+                "description": "runs inline",
+                "parameters": _PARAMS,
+                "command": command("probe_sync"),
+            },
+            {
+                "name": "probe_async",
+                "description": "runs as its own task",
+                "parameters": _PARAMS,
+                "command": command("probe_async"),
+            },
+            {
+                "name": "probe_iso",
+                "description": "runs isolated",
+                "parameters": _PARAMS,
+                "command": ["/bin/sh", "-c", _ISOLATED],
+            },
             {"name": "approve", "description": "a person approves", "parameters": _PARAMS, "external": True},
         ],
         "executionMode": "asynchronous",

@@ -54,7 +54,8 @@ class Run:
     def doc(self) -> Any:
         """The one JSON document on stdout; fails if stdout holds anything else."""
         assert self.stdout.endswith("\n") and self.stdout.count("\n") == 1, (
-            f"stdout of {self.args} is not exactly one JSON line:\n{self.stdout!r}\nstderr:\n{self.stderr}")
+            f"stdout of {self.args} is not exactly one JSON line:\n{self.stdout!r}\nstderr:\n{self.stderr}"
+        )
         return json.loads(self.stdout)
 
     @property
@@ -66,13 +67,26 @@ class Run:
         return f"agents {' '.join(self.args)} -> {self.returncode}\nstdout: {self.stdout}\nstderr: {self.stderr}"
 
 
-def agents(*args: str | Path, env: dict[str, str], stdin: str | None = None, timeout: float = 90,
-           cwd: Path | None = None, python_flags: tuple[str, ...] = ()) -> Run:
+def agents(
+    *args: str | Path,
+    env: dict[str, str],
+    stdin: str | None = None,
+    timeout: float = 90,
+    cwd: Path | None = None,
+    python_flags: tuple[str, ...] = (),
+) -> Run:
     """Run `python -m celery_agents.cli.main ARGS` and wait for it."""
     argv = [str(a) for a in args]
     started = time.monotonic()
-    proc = subprocess.run([CLI[0], *python_flags, *CLI[1:], *argv], env=env, input=stdin, capture_output=True,
-                          text=True, timeout=timeout, cwd=cwd)
+    proc = subprocess.run(
+        [CLI[0], *python_flags, *CLI[1:], *argv],
+        env=env,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+    )
     return Run(argv, proc.returncode, proc.stdout, proc.stderr, time.monotonic() - started)
 
 
@@ -124,8 +138,18 @@ def snapshot(client: redis.Redis, prefix: str) -> dict[str, Any]:
 
 # -- the contract's documents -------------------------------------------------------------------
 def check_pending_call(p: dict[str, Any]) -> None:
-    keys = {"session_id", "call_id", "tool", "arguments", "disposition", "reason", "state", "token", "created_at",
-            "expires_at"}
+    keys = {
+        "session_id",
+        "call_id",
+        "tool",
+        "arguments",
+        "disposition",
+        "reason",
+        "state",
+        "token",
+        "created_at",
+        "expires_at",
+    }
     assert keys <= p.keys(), f"pending call lacks {keys - p.keys()}: {p}"
     assert isinstance(p["session_id"], str) and isinstance(p["call_id"], str) and isinstance(p["tool"], str)
     assert isinstance(p["arguments"], dict)
@@ -152,8 +176,9 @@ def check_view(v: dict[str, Any]) -> dict[str, Any]:
     for p in v["pending"]:
         check_pending_call(p)
     assert v["response"] is None or isinstance(v["response"], str)
-    assert v["error"] is None or (isinstance(v["error"], dict) and isinstance(v["error"]["code"], str)
-                                  and isinstance(v["error"]["message"], str))
+    assert v["error"] is None or (
+        isinstance(v["error"], dict) and isinstance(v["error"]["code"], str) and isinstance(v["error"]["message"], str)
+    )
     return v
 
 

@@ -72,14 +72,15 @@ def test_every_agents_command_exists_with_its_options_and_queues(services: dict[
         env = service.get("environment", {})
         assert env.get("AGENTS_REDIS_URL", "").startswith("redis://redis:"), name
     assert consumed == set(QUEUES), "every queue needs a worker"
-    workers = [_parse_agents(_argv(s)[1:])[1]["queues"] for s in services.values()
-               if _argv(s)[:2] == ["agents", "worker"]]
+    workers = [
+        _parse_agents(_argv(s)[1:])[1]["queues"] for s in services.values() if _argv(s)[:2] == ["agents", "worker"]
+    ]
     assert sorted(workers) == ["isolated", "steps,tools"]
 
 
 def test_the_worker_command_runs(services: dict[str, Any]) -> None:
     env = cli_env("redis://127.0.0.1:1/0", "compose")
-    for args in ({tuple(_argv(s)[1:2]) for s in services.values() if _argv(s)[:1] == ["agents"]}):
+    for args in {tuple(_argv(s)[1:2]) for s in services.values() if _argv(s)[:1] == ["agents"]}:
         run = agents(*args, "--help", env=env)
         assert run.returncode == 0 and "Usage: agents" in run.stdout, str(run)
     bad = agents("worker", "--queues", "steps,nope", env=env)
@@ -90,8 +91,10 @@ def test_flower_finds_the_celery_app(services: dict[str, Any]) -> None:
     argv = _argv(services["flower"])
     assert argv[:3] == ["celery", "-A", "celery_agents.tasks"] and "flower" in argv
     env = cli_env("redis://redis:6379/0", "agents")
-    probe = ("import celery_agents.tasks as t; from celery_agents.tasks.config import STEP_TASK; "
-             "assert STEP_TASK in t.app.tasks; print(t.app.conf.broker_url)")
+    probe = (
+        "import celery_agents.tasks as t; from celery_agents.tasks.config import STEP_TASK; "
+        "assert STEP_TASK in t.app.tasks; print(t.app.conf.broker_url)"
+    )
     proc = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "redis://redis:6379/0"
@@ -105,7 +108,8 @@ def test_provider_examples_load_and_differ_only_in_how_the_model_is_reached() ->
     rest = [{k: v for k, v in d.items() if k not in how} for d in raw.values()]
     assert all(r == rest[0] for r in rest)
     assert {k: v for k, v in demo.items() if k not in how | {"slug"}} == {
-        k: v for k, v in rest[0].items() if k != "slug"}
+        k: v for k, v in rest[0].items() if k != "slug"
+    }
     assert loaded["openai-agent.json"].model.startswith("openai/")
     assert loaded["openai-agent.json"].api_key_env == "OPENAI_API_KEY"
     assert loaded["anthropic-agent.json"].model.startswith("anthropic/")

@@ -15,8 +15,9 @@ def test_a_lapsed_step_lease_is_reported(settings: Settings) -> None:
     settings = dataclasses.replace(settings, lease_seconds=0.05, owed_grace=0.0)
     with Client(settings, inline=False) as client:
         store = client.store
-        h = store.create_session(parse_agent({"slug": "d", "model": "demo/x"}), UserQuery(text="hi"), drive="auto",
-                                 owe=True)
+        h = store.create_session(
+            parse_agent({"slug": "d", "model": "demo/x"}), UserQuery(text="hi"), drive="auto", owe=True
+        )
         assert diagnose(client)["lapsed_leases"] == 0
         status, _ = store.begin_step(h.session_id, 1, "a-worker-that-dies")
         assert status == "ok"

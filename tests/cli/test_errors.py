@@ -55,14 +55,16 @@ class Unchanged:
             if kind != "stream" or not key.endswith(":events") or key not in self.before:
                 continue
             old = self.before[key][1]
-            new = entries[len(old):]
-            rejected = [json.loads(fields["data"])["reason"] for _, fields in new
-                        if fields["type"] == "token_rejected"]
-            if entries[:len(old)] == old and len(rejected) == len(new):
+            new = entries[len(old) :]
+            rejected = [json.loads(fields["data"])["reason"] for _, fields in new if fields["type"] == "token_rejected"]
+            if entries[: len(old)] == old and len(rejected) == len(new):
                 self.rejections += rejected
                 after[key] = (kind, old)
-        changed = {k: (self.before.get(k), after.get(k)) for k in set(self.before) | set(after)
-                   if self.before.get(k) != after.get(k)}
+        changed = {
+            k: (self.before.get(k), after.get(k))
+            for k in set(self.before) | set(after)
+            if self.before.get(k) != after.get(k)
+        }
         assert not changed, f"a refused command changed Redis: {changed}"
 
 
@@ -81,8 +83,11 @@ def waiting_session(agent: Path, env: dict[str, str]) -> tuple[str, str]:
 
 def finished(sid: str, env: dict[str, str]) -> None:
     """Wait for the worker to take a woken session to its answer."""
-    poll(lambda: ok(agents("session", "show", sid, "--json", env=env))["state"] == "completed",
-         f"session {sid} to complete", every=0.1)
+    poll(
+        lambda: ok(agents("session", "show", sid, "--json", env=env))["state"] == "completed",
+        f"session {sid} to complete",
+        every=0.1,
+    )
 
 
 def result_file(folder: Path, body: str = '"yes"') -> Path:
@@ -95,14 +100,25 @@ def test_invalid_agent_file(qenv: dict[str, str], tmp_path: Path, unchanged: Unc
     tool = {"name": "t", "description": "", "external": True}
     bad = {
         "bad-json.json": '{"slug": "x", "model": ',
-        "bad-tag.json": json.dumps({"slug": "x", "model": "demo/x", "tools": [tool],
-                                    "toolCallPolicy": {"rules": [{"tool": "t", "disposition": "runLater"}]}}),
-        "bad-rule.json": json.dumps({"slug": "x", "model": "demo/x", "tools": [tool],
-                                     "toolCallPolicy": {"rules": [{"tool": "nope", "disposition": "defer"}]}}),
+        "bad-tag.json": json.dumps(
+            {
+                "slug": "x",
+                "model": "demo/x",
+                "tools": [tool],
+                "toolCallPolicy": {"rules": [{"tool": "t", "disposition": "runLater"}]},
+            }
+        ),
+        "bad-rule.json": json.dumps(
+            {
+                "slug": "x",
+                "model": "demo/x",
+                "tools": [tool],
+                "toolCallPolicy": {"rules": [{"tool": "nope", "disposition": "defer"}]},
+            }
+        ),
         "no-model.json": json.dumps({"slug": "x", "tools": [tool]}),
     }
-    fields = {"bad-json.json": "JSON", "bad-tag.json": "disposition", "bad-rule.json": "nope",
-              "no-model.json": "model"}
+    fields = {"bad-json.json": "JSON", "bad-tag.json": "disposition", "bad-rule.json": "nope", "no-model.json": "model"}
     with unchanged:
         for name, body in bad.items():
             path = tmp_path / name
@@ -153,8 +169,9 @@ def test_token_already_completed(probe: Path, qenv: dict[str, str], tmp_path: Pa
     finished(sid, qenv)
     with unchanged:
         check_error(agents("session", "complete", token, result, "--json", env=qenv), "token_already_completed")
-        check_error(agents("session", "complete", token, result, "--error", "--json", env=qenv),
-                    "token_already_completed")
+        check_error(
+            agents("session", "complete", token, result, "--error", "--json", env=qenv), "token_already_completed"
+        )
     assert unchanged.rejections == ["completed", "completed"]
 
 
@@ -178,8 +195,7 @@ def test_token_cancelled(probe: Path, qenv: dict[str, str], tmp_path: Path, unch
     sid, token = waiting_session(probe, qenv)
     assert ok(agents("session", "cancel", sid, "--json", env=qenv))["state"] == "cancelled"
     with unchanged:
-        check_error(agents("session", "complete", token, result_file(tmp_path), "--json", env=qenv),
-                    "token_cancelled")
+        check_error(agents("session", "complete", token, result_file(tmp_path), "--json", env=qenv), "token_cancelled")
     assert unchanged.rejections == ["cancelled"]
 
 
@@ -197,8 +213,9 @@ def test_session_not_advanceable(probe: Path, qenv: dict[str, str], tmp_path: Pa
         check_error(agents("session", "step", completed, "--inline", "--json", env=qenv), "session_not_advanceable")
 
 
-def test_a_session_that_fails_exits_5_with_its_view(llm_server: LlmServer, qenv: dict[str, str],
-                                                    tmp_path: Path) -> None:
+def test_a_session_that_fails_exits_5_with_its_view(
+    llm_server: LlmServer, qenv: dict[str, str], tmp_path: Path
+) -> None:
     """The model refuses the key: not a success for a script, and the view says why and what next."""
     scenario = llm_server.scenario([error(401, "invalid api key"), text("fixed")])
     agent, _ = write_probe_agent(tmp_path, scenario, llm_server.url)
@@ -214,8 +231,11 @@ def test_a_session_that_fails_exits_5_with_its_view(llm_server: LlmServer, qenv:
 
 def test_redis_unavailable(probe: Path, tmp_path: Path) -> None:
     env = cli_env(f"redis://127.0.0.1:{free_port()}/0", "nowhere")
-    for args in (("session", "pending"), ("session", "start", "--agent-file", str(probe), "-p", "hi"),
-                 ("session", "complete", f"{'0' * 32}.{'A' * 24}", str(result_file(tmp_path)))):
+    for args in (
+        ("session", "pending"),
+        ("session", "start", "--agent-file", str(probe), "-p", "hi"),
+        ("session", "complete", f"{'0' * 32}.{'A' * 24}", str(result_file(tmp_path))),
+    ):
         check_error(agents(*args, "--json", env=env), "redis_unavailable")
     human = agents("doctor", env=env)
     assert human.returncode == 1 and human.stdout == "" and "Redis" in human.stderr, str(human)

@@ -29,7 +29,8 @@ def no_litellm(*args: str | Path, env: dict[str, str], stdin: str | None = None)
 
 @pytest.mark.usefixtures("cli_worker")
 def test_queue_mode_commands_without_a_model_call_never_import_litellm(
-        llm_server: LlmServer, qenv: dict[str, str], tmp_path: Path) -> None:
+    llm_server: LlmServer, qenv: dict[str, str], tmp_path: Path
+) -> None:
     scenario = llm_server.scenario([calls(("approve", {"x": "1"})), text("ok")])
     agent, _ = write_probe_agent(tmp_path, scenario, llm_server.url)
     view = ok(agents("session", "start", "--agent-file", agent, "-p", "hi", "--run", "--json", env=qenv))

@@ -18,19 +18,38 @@ from tests.support.llm_server import LlmServer, calls, text
 pytestmark = pytest.mark.usefixtures("cli_worker")
 
 PNG = base64.b64decode(
-    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg==")
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg=="
+)
 
 
-def test_prompt_parts_reach_the_model_in_command_line_order(llm_server: LlmServer, qenv: dict[str, str],
-                                                            tmp_path: Path) -> None:
+def test_prompt_parts_reach_the_model_in_command_line_order(
+    llm_server: LlmServer, qenv: dict[str, str], tmp_path: Path
+) -> None:
     scenario = llm_server.scenario([text("seen")])
     agent, _ = write_probe_agent(tmp_path, scenario, llm_server.url)
     (tmp_path / "notes.txt").write_text("from a file\n")
     (tmp_path / "pixel.png").write_bytes(PNG)
     (tmp_path / "report.pdf").write_bytes(b"%PDF-1.4 tiny")
-    run = agents("run", "--agent-file", agent, "-p", "first", "--media", tmp_path / "pixel.png",
-                 "--file", tmp_path / "notes.txt", "-p", "third", "--media", tmp_path / "report.pdf",
-                 "--file", "-", "--json", env=qenv, stdin="from stdin\n")
+    run = agents(
+        "run",
+        "--agent-file",
+        agent,
+        "-p",
+        "first",
+        "--media",
+        tmp_path / "pixel.png",
+        "--file",
+        tmp_path / "notes.txt",
+        "-p",
+        "third",
+        "--media",
+        tmp_path / "report.pdf",
+        "--file",
+        "-",
+        "--json",
+        env=qenv,
+        stdin="from stdin\n",
+    )
     assert check_view(ok(run))["response"] == "seen"
     (request,) = llm_server.requests[scenario]
     content = request["messages"][-1]["content"]
@@ -40,12 +59,15 @@ def test_prompt_parts_reach_the_model_in_command_line_order(llm_server: LlmServe
     assert content[2]["file"]["file_data"].startswith("data:application/pdf;base64,")
     shown = ok(agents("session", "show", run.doc["session_id"], "--json", env=qenv))
     media = shown["turns"][0]["query"]["media"]
-    assert [(m["mime_type"], m["filename"]) for m in media] == [("image/png", "pixel.png"),
-                                                                ("application/pdf", "report.pdf")]
+    assert [(m["mime_type"], m["filename"]) for m in media] == [
+        ("image/png", "pixel.png"),
+        ("application/pdf", "report.pdf"),
+    ]
 
 
-def test_an_unknown_kind_of_file_is_sent_as_octet_stream(llm_server: LlmServer, qenv: dict[str, str],
-                                                         tmp_path: Path) -> None:
+def test_an_unknown_kind_of_file_is_sent_as_octet_stream(
+    llm_server: LlmServer, qenv: dict[str, str], tmp_path: Path
+) -> None:
     agent, _ = write_probe_agent(tmp_path, llm_server.scenario([text("-")]), llm_server.url)
     (tmp_path / "blob.zzz").write_bytes(b"\x00\x01\x02")
     view = ok(agents("session", "start", "--agent-file", agent, "--media", tmp_path / "blob.zzz", "--json", env=qenv))
@@ -56,7 +78,8 @@ def test_an_unknown_kind_of_file_is_sent_as_octet_stream(llm_server: LlmServer, 
 
 
 def test_media_too_big_or_empty_is_refused_before_anything_is_stored(
-        llm_server: LlmServer, qenv: dict[str, str], cli_redis: redis.Redis, cli_prefix: str, tmp_path: Path) -> None:
+    llm_server: LlmServer, qenv: dict[str, str], cli_redis: redis.Redis, cli_prefix: str, tmp_path: Path
+) -> None:
     agent, _ = write_probe_agent(tmp_path, llm_server.scenario([text("-")]), llm_server.url)
     eleven = tmp_path / "eleven.png"
     eleven.write_bytes(b"x" * 11)
@@ -66,13 +89,19 @@ def test_media_too_big_or_empty_is_refused_before_anything_is_stored(
     (tmp_path / "empty.png").touch()
     before = snapshot(cli_redis, cli_prefix)
     lowered = {**qenv, "AGENTS_MEDIA_MAX_BYTES": "10"}
-    for media, env in ((eleven, lowered), (huge, qenv), (tmp_path / "empty.png", qenv),
-                       (tmp_path / "absent.png", qenv)):
+    for media, env in (
+        (eleven, lowered),
+        (huge, qenv),
+        (tmp_path / "empty.png", qenv),
+        (tmp_path / "absent.png", qenv),
+    ):
         run = agents("session", "start", "--agent-file", agent, "-p", "look", "--media", media, "--json", env=env)
         error = check_error(run, "invalid_input")
         assert media.name in error["message"]
-    assert "AGENTS_MEDIA_MAX_BYTES" in agents("run", "--agent-file", agent, "--media", eleven, "--json",
-                                              env=lowered).doc["error"]["message"]
+    assert (
+        "AGENTS_MEDIA_MAX_BYTES"
+        in agents("run", "--agent-file", agent, "--media", eleven, "--json", env=lowered).doc["error"]["message"]
+    )
     assert snapshot(cli_redis, cli_prefix) == before
     ok(agents("session", "start", "--agent-file", agent, "--media", eleven, "--json", env=qenv))
 
@@ -95,11 +124,17 @@ def test_thinking_goes_where_asked(llm_server: LlmServer, qenv: dict[str, str], 
 
 
 def test_result_files_json_text_stdin_and_error(llm_server: LlmServer, qenv: dict[str, str], tmp_path: Path) -> None:
-    scenario = llm_server.scenario([
-        calls(("approve", {"x": "json"}), ("approve", {"x": "text"}), ("approve", {"x": "stdin"}),
-              ("approve", {"x": "error"})),
-        text("settled"),
-    ])
+    scenario = llm_server.scenario(
+        [
+            calls(
+                ("approve", {"x": "json"}),
+                ("approve", {"x": "text"}),
+                ("approve", {"x": "stdin"}),
+                ("approve", {"x": "error"}),
+            ),
+            text("settled"),
+        ]
+    )
     agent, _ = write_probe_agent(tmp_path, scenario, llm_server.url)
     view = ok(agents("session", "start", "--agent-file", agent, "-p", "four approvals", "--run", "--json", env=qenv))
     sid = view["session_id"]
@@ -115,8 +150,11 @@ def test_result_files_json_text_stdin_and_error(llm_server: LlmServer, qenv: dic
     last = ok(agents("session", "complete", tokens["error"], tmp_path / "why.txt", "--error", "--json", env=qenv))
     assert (last["remaining"], last["woken"]) == (0, True)
 
-    done = poll(lambda: (v := ok(agents("session", "show", sid, "--json", env=qenv)))["state"] == "completed" and v,
-                "the session to finish once its last call is complete", every=0.1)
+    done = poll(
+        lambda: (v := ok(agents("session", "show", sid, "--json", env=qenv)))["state"] == "completed" and v,
+        "the session to finish once its last call is complete",
+        every=0.1,
+    )
     assert done["response"] == "settled"
     outcomes = [(c["arguments"]["x"], c["state"], c.get("result"), c.get("error")) for c in done["calls"]]
     assert outcomes == [
@@ -127,4 +165,8 @@ def test_result_files_json_text_stdin_and_error(llm_server: LlmServer, qenv: dic
     ]
     last_request = llm_server.requests[scenario][-1]
     assert [m["content"] for m in tool_messages(last_request)] == [
-        json.dumps({"approved": True, "seats": 2}), "looks good to me", "quoted", "Error: no budget left"]
+        json.dumps({"approved": True, "seats": 2}),
+        "looks good to me",
+        "quoted",
+        "Error: no budget left",
+    ]

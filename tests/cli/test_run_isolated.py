@@ -20,7 +20,8 @@ pytestmark = pytest.mark.usefixtures("cli_worker")
 
 
 def test_run_isolated_runs_the_calls_here_and_logs_follow_shows_it(
-        llm_server: LlmServer, qenv: dict[str, str], cli_redis: redis.Redis, cli_prefix: str, tmp_path: Path) -> None:
+    llm_server: LlmServer, qenv: dict[str, str], cli_redis: redis.Redis, cli_prefix: str, tmp_path: Path
+) -> None:
     scenario = llm_server.scenario([calls(("probe_iso", {"x": "i"})), text("isolated result seen")])
     agent, _ = write_probe_agent(tmp_path, scenario, llm_server.url)
     sid = ok(agents("session", "start", "--agent-file", agent, "-p", "sandbox it", "--json", env=qenv))["session_id"]
@@ -31,8 +32,13 @@ def test_run_isolated_runs_the_calls_here_and_logs_follow_shows_it(
     assert [(p["tool"], p["disposition"]) for p in waiting["pending"]] == [("probe_iso", "runIsolated")]
     assert cli_redis.llen(f"{cli_prefix}:celery:isolated") == queued + 1  # dispatched; nobody consumes it
 
-    follower = subprocess.Popen([*CLI, "session", "logs", sid, "--follow", "--json"], env=qenv,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    follower = subprocess.Popen(
+        [*CLI, "session", "logs", sid, "--follow", "--json"],
+        env=qenv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     seen: list[str] = []
     reader = threading.Thread(target=lambda: seen.extend(iter(follower.stdout.readline, "")), daemon=True)
     reader.start()

@@ -30,17 +30,21 @@ def worker(redis_url: str, module_prefix: str, tmp_path_factory: pytest.TempPath
     w.kill()  # nothing is in flight by then; a soft shutdown would only cost seconds
 
 
-def test_iterative_flow_in_queue_mode(worker: Worker, llm_server: LlmServer, redis_url: str, module_prefix: str,
-                                      tmp_path: Path) -> None:
-    scenario = llm_server.scenario([
-        calls(("probe_sync", {"x": "s"}), ("probe_async", {"x": "a"}), ("approve", {"x": "d"})),
-        text("booked and checked"),
-    ])
+def test_iterative_flow_in_queue_mode(
+    worker: Worker, llm_server: LlmServer, redis_url: str, module_prefix: str, tmp_path: Path
+) -> None:
+    scenario = llm_server.scenario(
+        [
+            calls(("probe_sync", {"x": "s"}), ("probe_async", {"x": "a"}), ("approve", {"x": "d"})),
+            text("booked and checked"),
+        ]
+    )
     agent, counter = write_probe_agent(tmp_path, scenario, llm_server.url)
     env = cli_env(redis_url, module_prefix)
 
-    started = check_view(ok(agents("session", "start", "--agent-file", agent, "-p", "check and book", "--json",
-                                   env=env)))
+    started = check_view(
+        ok(agents("session", "start", "--agent-file", agent, "-p", "check and book", "--json", env=env))
+    )
     sid = started["session_id"]
     assert (started["state"], started["head"]) == ("ready", "UserTurn")
     assert llm_server.count(scenario) == 0
@@ -64,8 +68,9 @@ def test_iterative_flow_in_queue_mode(worker: Worker, llm_server: LlmServer, red
     assert listed["token"] == deferred[0]["token"] and listed["state"] == "deferred"
 
     (tmp_path / "approval.json").write_text('{"approved": true, "by": "alice"}')
-    done = check_completion(ok(agents("session", "complete", listed["token"], tmp_path / "approval.json", "--json",
-                                      env=env)))
+    done = check_completion(
+        ok(agents("session", "complete", listed["token"], tmp_path / "approval.json", "--json", env=env))
+    )
     assert (done["session_id"], done["call_id"], done["remaining"], done["woken"]) == (sid, "call_0_2", 0, False)
     assert llm_server.count(scenario) == 1  # manual drive: nothing moves until the next step
 
@@ -80,8 +85,10 @@ def test_iterative_flow_in_queue_mode(worker: Worker, llm_server: LlmServer, red
         {"tool": "probe_async", "args": {"x": "a"}},
         {"approved": True, "by": "alice"},
     ]
-    assert runs(counter) in (['probe_sync {"x": "s"}', 'probe_async {"x": "a"}'],
-                             ['probe_async {"x": "a"}', 'probe_sync {"x": "s"}'])
+    assert runs(counter) in (
+        ['probe_sync {"x": "s"}', 'probe_async {"x": "a"}'],
+        ['probe_async {"x": "a"}', 'probe_sync {"x": "s"}'],
+    )
     events = agents("session", "logs", sid, "--json", env=env).lines
     assert [e["type"] for e in events].count("llm_called") == 2
 
@@ -106,8 +113,20 @@ def test_iterative_flow_on_the_embedded_default(tmp_path: Path) -> None:
     env = cli_env(None, "agents", home=home)
     assert "AGENTS_REDIS_URL" not in env
 
-    started = check_view(ok(agents("session", "start", "--agent-file", DEMO_AGENT, "-p",
-                                   "What is the weather in Paris? Book a table.", "--json", env=env)))
+    started = check_view(
+        ok(
+            agents(
+                "session",
+                "start",
+                "--agent-file",
+                DEMO_AGENT,
+                "-p",
+                "What is the weather in Paris? Book a table.",
+                "--json",
+                env=env,
+            )
+        )
+    )
     sid = started["session_id"]
     assert started["state"] == "ready"
 
@@ -126,8 +145,19 @@ def test_iterative_flow_on_the_embedded_default(tmp_path: Path) -> None:
     listed = ok(agents("session", "pending", "--json", env=env))["pending"]
     assert [p["token"] for p in listed] == [booking["token"]]
 
-    done = check_completion(ok(agents("session", "complete", booking["token"], "-", "--json", env=env,
-                                      stdin='{"confirmed": true, "table": 12}')))
+    done = check_completion(
+        ok(
+            agents(
+                "session",
+                "complete",
+                booking["token"],
+                "-",
+                "--json",
+                env=env,
+                stdin='{"confirmed": true, "table": 12}',
+            )
+        )
+    )
     assert (done["remaining"], done["woken"]) == (0, False)
 
     final = check_view(ok(agents("session", "resume", sid, "--json", env=env)))
@@ -137,8 +167,10 @@ def test_iterative_flow_on_the_embedded_default(tmp_path: Path) -> None:
     shown = ok(agents("session", "show", sid, "--json", env=env))
     assert [t["kind"] for t in shown["turns"]] == ["UserTurn", "LlmTurn", "UserTurn", "LlmTurn"]
     assert [(c["tool"], c["disposition"], c["state"]) for c in shown["calls"]] == [
-        ("get_weather", "runSync", "completed"), ("get_forecast", "runAsync", "completed"),
-        ("book_table", "defer", "completed")]
+        ("get_weather", "runSync", "completed"),
+        ("get_forecast", "runAsync", "completed"),
+        ("book_table", "defer", "completed"),
+    ]
     events = agents("session", "logs", sid, "--json", env=env).lines
     assert [e["type"] for e in events].count("llm_called") == 2
 
@@ -155,8 +187,9 @@ def test_parallel_commands_share_one_embedded_server(tmp_path: Path) -> None:
     home = tmp_path / "home"
     env = cli_env(None, "agents", home=home)
     argv = [*CLI, "session", "start", "--agent-file", str(DEMO_AGENT), "-p", "hello", "--json"]
-    procs = [subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(6)]
+    procs = [
+        subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(6)
+    ]
     outs = [p.communicate(timeout=60) for p in procs]
     assert [p.returncode for p in procs] == [0] * 6, [err for _, err in outs]
     started = {json.loads(out)["session_id"] for out, _ in outs}

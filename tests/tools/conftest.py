@@ -51,8 +51,9 @@ def write_program(folder: Path, name: str, source: str, executable: bool = False
     return path
 
 
-def make_agent(tools: list[dict[str, Any]], rules: list[dict[str, Any]] | None = None,
-               base_dir: str | None = None, **extra: Any) -> AgentSpec:
+def make_agent(
+    tools: list[dict[str, Any]], rules: list[dict[str, Any]] | None = None, base_dir: str | None = None, **extra: Any
+) -> AgentSpec:
     data: dict[str, Any] = {"slug": "tool-test", "model": "openai/none", "tools": tools, **extra}
     if rules is not None:
         data["toolCallPolicy"] = {"default": "runSync", "rules": rules}
@@ -60,11 +61,22 @@ def make_agent(tools: list[dict[str, Any]], rules: list[dict[str, Any]] | None =
     return parse_agent(data, "<test agent>", base_dir=base_dir)
 
 
-def run_tool(runner: ToolRunner, agent: AgentSpec, tool: str, arguments: Any = None,
-             session_id: str = "s-test", call_id: str | None = None) -> CallOutcome:
-    call = TrackedCall(call_id=call_id or f"call_{uuid.uuid4().hex[:8]}", tool=tool,
-                       arguments={} if arguments is None else arguments, batch=0, position=0,
-                       disposition="runSync")
+def run_tool(
+    runner: ToolRunner,
+    agent: AgentSpec,
+    tool: str,
+    arguments: Any = None,
+    session_id: str = "s-test",
+    call_id: str | None = None,
+) -> CallOutcome:
+    call = TrackedCall(
+        call_id=call_id or f"call_{uuid.uuid4().hex[:8]}",
+        tool=tool,
+        arguments={} if arguments is None else arguments,
+        batch=0,
+        position=0,
+        disposition="runSync",
+    )
     return runner.run(agent, session_id, call)
 
 

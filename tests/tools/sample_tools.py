@@ -8,9 +8,12 @@ import threading
 from pathlib import Path
 from typing import Any, Literal
 
-PNG_1PX = base64.b64encode(bytes.fromhex(
-    "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
-    "1f15c4890000000d49444154789c6360000002000154a24f5d0000000049454e44ae426082")).decode()
+PNG_1PX = base64.b64encode(
+    bytes.fromhex(
+        "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+        "1f15c4890000000d49444154789c6360000002000154a24f5d0000000049454e44ae426082"
+    )
+).decode()
 
 _attempts: dict[str, int] = {}
 _lock = threading.Lock()
@@ -57,8 +60,7 @@ def picture(caption: str = "") -> dict[str, Any]:
 
 
 def mixed() -> list[dict[str, Any]]:
-    return [{"type": "text", "text": "here is the chart"},
-            {"type": "image", "mimeType": "image/png", "data": PNG_1PX}]
+    return [{"type": "text", "text": "here is the chart"}, {"type": "image", "mimeType": "image/png", "data": PNG_1PX}]
 
 
 def whoami() -> dict[str, Any]:

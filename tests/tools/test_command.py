@@ -25,16 +25,26 @@ print(json.dumps({"args": args, "cwd": os.getcwd(),
 def test_arguments_arrive_on_stdin_and_a_json_answer_is_the_result(tooldir: Path) -> None:
     (tooldir / "tools").mkdir()
     write_program(tooldir / "tools", "echo.py", ECHO)
-    agent = make_agent([{"name": "echo", "command": [PY, "tools/echo.py"],
-                         "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}],
-                       base_dir=str(tooldir))
+    agent = make_agent(
+        [
+            {
+                "name": "echo",
+                "command": [PY, "tools/echo.py"],
+                "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}},
+            }
+        ],
+        base_dir=str(tooldir),
+    )
     out = run_tool(ToolRunner(), agent, "echo", {"x": 7}, session_id="s-1", call_id="call_a")
     assert out.state == "completed", out.error
     assert out.result["args"] == {"x": 7}
     assert out.result["cwd"] == str(tooldir), "a command runs in the agent file's folder"
     env = out.result["env"]
     assert (env["AGENTS_SESSION_ID"], env["AGENTS_CALL_ID"], env["AGENTS_IDEMPOTENCY_KEY"]) == (
-        "s-1", "call_a", "s-1:0:call_a")
+        "s-1",
+        "call_a",
+        "s-1:0:call_a",
+    )
     assert (out.exit_status, out.attempts) == (0, 1) and out.duration_ms and out.duration_ms > 0
 
 
@@ -45,8 +55,18 @@ def test_text_output_is_the_stripped_text(tooldir: Path) -> None:
 
 
 def test_a_non_zero_exit_fails_with_stderr_as_the_error(tooldir: Path) -> None:
-    agent = make_agent([{"name": "no", "command": [PY, "-c", "import sys; print('partial'); "
-                                                   "sys.stderr.write('no such city: Atlantis'); sys.exit(3)"]}])
+    agent = make_agent(
+        [
+            {
+                "name": "no",
+                "command": [
+                    PY,
+                    "-c",
+                    "import sys; print('partial'); sys.stderr.write('no such city: Atlantis'); sys.exit(3)",
+                ],
+            }
+        ]
+    )
     out = run_tool(ToolRunner(), agent, "no")
     assert (out.state, out.exit_status, out.error, out.attempts) == ("failed", 3, "no such city: Atlantis", 1)
     assert not out.meta.get("retryable")
@@ -54,10 +74,19 @@ def test_a_non_zero_exit_fails_with_stderr_as_the_error(tooldir: Path) -> None:
 
 def test_arguments_that_do_not_match_the_schema_never_reach_the_tool(tooldir: Path) -> None:
     log = tooldir / "ran"
-    agent = make_agent([{"name": "weather", "command": [PY, "-c", f"open({str(log)!r}, 'w')"],
-                         "parameters": {"type": "object", "properties": {"city": {"type": "string"},
-                                                                          "days": {"type": "integer"}},
-                                        "required": ["city"]}}])
+    agent = make_agent(
+        [
+            {
+                "name": "weather",
+                "command": [PY, "-c", f"open({str(log)!r}, 'w')"],
+                "parameters": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                    "required": ["city"],
+                },
+            }
+        ]
+    )
     out = run_tool(ToolRunner(), agent, "weather", {"days": "three"})
     assert out.state == "failed" and out.attempts == 0 and out.meta["invalid_arguments"]
     assert "'city' is a required property" in out.error
@@ -69,7 +98,10 @@ def test_arguments_that_do_not_match_the_schema_never_reach_the_tool(tooldir: Pa
 def test_a_hung_tool_is_killed_at_its_timeout_with_a_child_that_ignores_sigterm(tooldir: Path) -> None:
     marker = f"hung-{uuid.uuid4().hex}"
     ready = tooldir / "child.pid"
-    write_program(tooldir, "hang.py", f"""
+    write_program(
+        tooldir,
+        "hang.py",
+        f"""
         import os, subprocess, sys, time
         child = subprocess.Popen([sys.executable, "-c",
             "import os, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
@@ -77,10 +109,13 @@ def test_a_hung_tool_is_killed_at_its_timeout_with_a_child_that_ignores_sigterm(
         while not os.path.exists({str(ready)!r}):
             time.sleep(0.01)
         time.sleep(600)
-    """)
-    agent = make_agent([{"name": "hang", "command": [PY, str(tooldir / "hang.py"), marker]}],
-                       rules=[{"tool": "hang", "disposition": {"tag": "runSync", "timeoutSeconds": 2}}],
-                       executionMode="synchronous")
+    """,
+    )
+    agent = make_agent(
+        [{"name": "hang", "command": [PY, str(tooldir / "hang.py"), marker]}],
+        rules=[{"tool": "hang", "disposition": {"tag": "runSync", "timeoutSeconds": 2}}],
+        executionMode="synchronous",
+    )
     started = time.monotonic()
     out = run_tool(ToolRunner(), agent, "hang")
     elapsed = time.monotonic() - started
@@ -93,8 +128,15 @@ def test_a_hung_tool_is_killed_at_its_timeout_with_a_child_that_ignores_sigterm(
 
 
 def test_oversize_output_is_cut_at_the_cap_and_says_so(tooldir: Path) -> None:
-    agent = make_agent([{"name": "flood", "command": [PY, "-c", "import sys; sys.stdout.write('y' * 5_000_000)"],
-                         "limits": {"outputBytes": 1000}}])
+    agent = make_agent(
+        [
+            {
+                "name": "flood",
+                "command": [PY, "-c", "import sys; sys.stdout.write('y' * 5_000_000)"],
+                "limits": {"outputBytes": 1000},
+            }
+        ]
+    )
     out = run_tool(ToolRunner(), agent, "flood")
     assert out.state == "completed"
     assert out.result.startswith("y" * 1000)
@@ -118,9 +160,23 @@ def test_a_missing_program_fails_without_raising(tooldir: Path) -> None:
 
 def test_children_left_behind_by_a_finished_tool_are_killed(tooldir: Path) -> None:
     marker = f"orphan-{uuid.uuid4().hex}"
-    agent = make_agent([{"name": "bg", "command": [PY, "-c", (
-        "import subprocess, sys; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', sys.argv[1]], "
-        "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); print('started')"), marker]}])
+    agent = make_agent(
+        [
+            {
+                "name": "bg",
+                "command": [
+                    PY,
+                    "-c",
+                    (
+                        "import subprocess, sys; "
+                        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', sys.argv[1]], "
+                        "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); print('started')"
+                    ),
+                    marker,
+                ],
+            }
+        ]
+    )
     out = run_tool(ToolRunner(), agent, "bg")
     assert (out.state, out.result) == ("completed", "started")
     assert alive_with(marker) == []

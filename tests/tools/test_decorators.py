@@ -31,14 +31,28 @@ print(f"attempt {n} worked")
 """
 
 
-def counted_agent(tooldir: Path, fail_with: int, failures: int, disposition: dict[str, Any],
-                  hang: bool = False) -> tuple[Any, Path]:
+def counted_agent(
+    tooldir: Path, fail_with: int, failures: int, disposition: dict[str, Any], hang: bool = False
+) -> tuple[Any, Path]:
     write_program(tooldir, "counted.py", COUNTED)
     counter = tooldir / "count"
-    agent = make_agent([{"name": "counted", "command": [PY, str(tooldir / "counted.py"), str(counter),
-                                                        str(fail_with), str(failures), "hang" if hang else "-"]}],
-                       rules=[{"tool": "counted", "disposition": {"tag": "runSync", **disposition}}],
-                       executionMode="synchronous")
+    agent = make_agent(
+        [
+            {
+                "name": "counted",
+                "command": [
+                    PY,
+                    str(tooldir / "counted.py"),
+                    str(counter),
+                    str(fail_with),
+                    str(failures),
+                    "hang" if hang else "-",
+                ],
+            }
+        ],
+        rules=[{"tool": "counted", "disposition": {"tag": "runSync", **disposition}}],
+        executionMode="synchronous",
+    )
     return agent, counter
 
 
@@ -65,8 +79,9 @@ def test_a_failure_the_tool_does_not_mark_retryable_is_not_retried(tooldir: Path
 
 
 def test_a_timeout_is_retried(tooldir: Path) -> None:
-    agent, counter = counted_agent(tooldir, 1, 1, {"retries": 1, "timeoutSeconds": 1, "backoffSeconds": 0.01},
-                                   hang=True)
+    agent, counter = counted_agent(
+        tooldir, 1, 1, {"retries": 1, "timeoutSeconds": 1, "backoffSeconds": 0.01}, hang=True
+    )
     assert not counter.exists()
     out = run_tool(ToolRunner(), agent, "counted")
     assert (out.state, out.result, out.attempts) == ("completed", "attempt 2 worked", 2)
@@ -87,11 +102,17 @@ def test_backoff_doubles_from_the_base_and_is_capped() -> None:
 
 
 def test_truncate_cuts_the_result_and_says_so(tooldir: Path) -> None:
-    agent = make_agent([{"name": "long", "command": [PY, "-c", "print('é' * 400)"]},
-                        {"name": "json", "command": [PY, "-c", "import json; print(json.dumps({'k': 'v' * 300}))"]}],
-                       rules=[{"tool": "long", "disposition": {"tag": "runSync", "truncate": 101}},
-                              {"tool": "json", "disposition": {"tag": "runSync", "truncate": 50}}],
-                       executionMode="synchronous")
+    agent = make_agent(
+        [
+            {"name": "long", "command": [PY, "-c", "print('é' * 400)"]},
+            {"name": "json", "command": [PY, "-c", "import json; print(json.dumps({'k': 'v' * 300}))"]},
+        ],
+        rules=[
+            {"tool": "long", "disposition": {"tag": "runSync", "truncate": 101}},
+            {"tool": "json", "disposition": {"tag": "runSync", "truncate": 50}},
+        ],
+        executionMode="synchronous",
+    )
     out = run_tool(ToolRunner(), agent, "long")
     kept, note = out.result.split("\n")
     assert kept == "é" * 50, "cut at a character boundary within 101 bytes"
@@ -110,13 +131,21 @@ def test_limits_come_from_defaults_then_the_tool_then_the_disposition() -> None:
 
 def test_a_misspelt_limit_refuses_the_file() -> None:
     with pytest.raises(InvalidAgentFile) as info:
-        parse_agent({"slug": "x", "model": "m", "tools": [{"name": "t", "command": ["x"], "limits": {"memoryMB": 5}}]},
-                    "agent.json")
+        parse_agent(
+            {"slug": "x", "model": "m", "tools": [{"name": "t", "command": ["x"], "limits": {"memoryMB": 5}}]},
+            "agent.json",
+        )
     assert "agent.json: tools[0].limits.memoryMB: Extra inputs are not permitted (remove it)" in info.value.message
 
 
 def test_worker_settings_are_never_given_to_a_tool() -> None:
     with pytest.raises(InvalidAgentFile) as info:
-        parse_agent({"slug": "x", "model": "m", "tools": [{"name": "t", "command": ["x"],
-                                                           "env": ["WEATHER_KEY", "AGENTS_REDIS_URL"]}]}, "agent.json")
+        parse_agent(
+            {
+                "slug": "x",
+                "model": "m",
+                "tools": [{"name": "t", "command": ["x"], "env": ["WEATHER_KEY", "AGENTS_REDIS_URL"]}],
+            },
+            "agent.json",
+        )
     assert "tools[0].env: AGENTS_REDIS_URL is a setting of the worker, never given to a tool" in info.value.message

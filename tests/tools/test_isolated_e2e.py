@@ -45,10 +45,18 @@ def workers(redis_url: str, prefixes: dict[str, str], tmp_path_factory: pytest.T
     started together (a worker takes seconds to boot)."""
     logs = tmp_path_factory.mktemp("worker-logs")
     started = [
-        Worker(worker_env(redis_url, prefixes["full"], OPENAI_API_KEY=SECRET), queues="steps,tools,isolated",
-               log=logs / "full.log", name=f"full-{uuid.uuid4().hex[:6]}@test").start(),
-        Worker(worker_env(redis_url, prefixes["no_isolated"], OPENAI_API_KEY=SECRET), queues="steps,tools",
-               log=logs / "no-isolated.log", name=f"noiso-{uuid.uuid4().hex[:6]}@test").start(),
+        Worker(
+            worker_env(redis_url, prefixes["full"], OPENAI_API_KEY=SECRET),
+            queues="steps,tools,isolated",
+            log=logs / "full.log",
+            name=f"full-{uuid.uuid4().hex[:6]}@test",
+        ).start(),
+        Worker(
+            worker_env(redis_url, prefixes["no_isolated"], OPENAI_API_KEY=SECRET),
+            queues="steps,tools",
+            log=logs / "no-isolated.log",
+            name=f"noiso-{uuid.uuid4().hex[:6]}@test",
+        ).start(),
     ]
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     try:
@@ -68,16 +76,31 @@ def settings_for(redis_url: str, prefix: str, home: Path) -> Settings:
 def isolated_agent(folder: Path, llm_server: LlmServer, scenario: str) -> Path:
     write_program(folder, "shout.py", SHOUT)
     path = folder / "agent.json"
-    path.write_text(json.dumps({
-        "slug": "isolated-e2e",
-        "model": f"openai/{scenario}",
-        "apiBase": llm_server.url,
-        "tools": [{"name": "shout", "description": "Shouts the text back",
-                   "parameters": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
-                   "command": [PY, "shout.py"]}],
-        "toolCallPolicy": {"default": "runSync", "rules": [
-            {"tool": "shout", "disposition": {"tag": "runIsolated", "timeoutSeconds": 30}}]},
-    }))
+    path.write_text(
+        json.dumps(
+            {
+                "slug": "isolated-e2e",
+                "model": f"openai/{scenario}",
+                "apiBase": llm_server.url,
+                "tools": [
+                    {
+                        "name": "shout",
+                        "description": "Shouts the text back",
+                        "parameters": {
+                            "type": "object",
+                            "properties": {"text": {"type": "string"}},
+                            "required": ["text"],
+                        },
+                        "command": [PY, "shout.py"],
+                    }
+                ],
+                "toolCallPolicy": {
+                    "default": "runSync",
+                    "rules": [{"tool": "shout", "disposition": {"tag": "runIsolated", "timeoutSeconds": 30}}],
+                },
+            }
+        )
+    )
     return path
 
 
@@ -87,7 +110,11 @@ def tool_answers(request: dict[str, Any]) -> list[Any]:
 
 def check_sandboxed(call: dict[str, Any]) -> None:
     assert (call["state"], call["disposition"], call["attempts"], call["exit_status"]) == (
-        "completed", "runIsolated", 1, 0), call["error"]
+        "completed",
+        "runIsolated",
+        1,
+        0,
+    ), call["error"]
     assert call["duration_ms"] > 0 and call["meta"]["isolation"] in ("rlimits", "bwrap")
     result = call["result"]
     assert result["shout"] == "HELLO"
@@ -96,8 +123,8 @@ def check_sandboxed(call: dict[str, Any]) -> None:
 
 
 def test_an_isolated_worker_runs_the_call_and_the_session_completes(
-        workers: None, redis_url: str, prefixes: dict[str, str], llm_server: LlmServer, tooldir: Path,
-        tmp_path: Path) -> None:
+    workers: None, redis_url: str, prefixes: dict[str, str], llm_server: LlmServer, tooldir: Path, tmp_path: Path
+) -> None:
     scenario = llm_server.scenario([calls(("shout", {"text": "hello"})), text("it shouted HELLO")])
     agent = isolated_agent(tooldir, llm_server, scenario)
     with Client(settings_for(redis_url, prefixes["full"], tmp_path), inline=False) as client:
@@ -110,26 +137,36 @@ def test_an_isolated_worker_runs_the_call_and_the_session_completes(
 
 
 def test_without_an_isolated_worker_run_isolated_runs_the_call(
-        workers: None, redis_url: str, prefixes: dict[str, str], llm_server: LlmServer, tooldir: Path,
-        tmp_path: Path) -> None:
+    workers: None, redis_url: str, prefixes: dict[str, str], llm_server: LlmServer, tooldir: Path, tmp_path: Path
+) -> None:
     prefix = prefixes["no_isolated"]
     scenario = llm_server.scenario([calls(("shout", {"text": "hello"})), text("shouted by hand")])
     agent = isolated_agent(tooldir, llm_server, scenario)
     with Client(settings_for(redis_url, prefix, tmp_path), inline=False) as client:
         sid = client.start(agent, "shout hello", run=True, wait=False).session_id
-        pending = wait_for(lambda: [p for p in client.pending(sid) if p.disposition == "runIsolated"], timeout=60,
-                           what="the isolated call to wait for a worker that is absent")
+        pending = wait_for(
+            lambda: [p for p in client.pending(sid) if p.disposition == "runIsolated"],
+            timeout=60,
+            what="the isolated call to wait for a worker that is absent",
+        )
         assert [p.tool for p in pending] == ["shout"] and client.show(sid).state == State.WAITING
 
-        cli = subprocess.run([sys.executable, "-m", "celery_agents.cli.main", "session", "run-isolated", sid, "--json"],
-                             env=worker_env(redis_url, prefix, OPENAI_API_KEY=SECRET), capture_output=True,
-                             text=True, timeout=120)
+        cli = subprocess.run(
+            [sys.executable, "-m", "celery_agents.cli.main", "session", "run-isolated", sid, "--json"],
+            env=worker_env(redis_url, prefix, OPENAI_API_KEY=SECRET),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert cli.returncode == 0, cli.stderr
         shown = json.loads(cli.stdout)
         assert shown["session_id"] == sid and shown["pending"] == []
 
-        done = wait_for(lambda: (v := client.show(sid)).state == State.COMPLETED and v, timeout=60,
-                        what="the woken session to complete")
+        done = wait_for(
+            lambda: (v := client.show(sid)).state == State.COMPLETED and v,
+            timeout=60,
+            what="the woken session to complete",
+        )
         assert done.response == "shouted by hand"
         (call,) = done.calls or []
     check_sandboxed(call)

@@ -22,8 +22,11 @@ def test_the_schema_is_derived_from_the_signature_when_none_is_declared() -> Non
     tool = agent.tools[0]
     assert tool.parameters == {
         "type": "object",
-        "properties": {"city": {"type": "string"}, "days": {"type": "integer", "default": 3},
-                       "unit": {"enum": ["C", "F"], "type": "string", "default": "C"}},
+        "properties": {
+            "city": {"type": "string"},
+            "days": {"type": "integer", "default": 3},
+            "unit": {"enum": ["C", "F"], "type": "string", "default": "C"},
+        },
         "required": ["city"],
         "additionalProperties": False,
     }
@@ -35,8 +38,11 @@ def test_the_schema_is_derived_from_the_signature_when_none_is_declared() -> Non
 
 
 def test_a_declared_schema_is_kept_and_enforced() -> None:
-    schema = {"type": "object", "properties": {"a": {"type": "integer", "maximum": 10}, "b": {"type": "integer"}},
-              "required": ["a", "b"]}
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "integer", "maximum": 10}, "b": {"type": "integer"}},
+        "required": ["a", "b"],
+    }
     agent = make_agent([{"name": "add", "python": f"{MOD}:add", "parameters": schema}])
     assert agent.tools[0].parameters == schema
     runner = ToolRunner()
@@ -57,8 +63,7 @@ def test_bad_arguments_become_a_message_the_model_can_act_on() -> None:
 
 
 def test_arguments_are_bound_to_the_signature_even_with_a_loose_schema() -> None:
-    agent = make_agent([{"name": "add", "python": f"{MOD}:add",
-                         "parameters": {"type": "object", "properties": {}}}])
+    agent = make_agent([{"name": "add", "python": f"{MOD}:add", "parameters": {"type": "object", "properties": {}}}])
     out = run_tool(ToolRunner(), agent, "add", {"a": 1, "b": "not a number"})
     assert out.state == "failed" and out.meta["invalid_arguments"]
     assert out.error.startswith("b: Input should be a valid integer")
@@ -72,19 +77,22 @@ def test_an_exception_becomes_the_error_text() -> None:
 
 
 def test_an_exception_marked_retryable_is_retried() -> None:
-    agent = make_agent([{"name": "flaky", "python": f"{MOD}:flaky"}],
-                       rules=[{"tool": "flaky",
-                               "disposition": {"tag": "runSync", "retries": 3, "backoffSeconds": 0.01}}],
-                       executionMode="synchronous")
+    agent = make_agent(
+        [{"name": "flaky", "python": f"{MOD}:flaky"}],
+        rules=[{"tool": "flaky", "disposition": {"tag": "runSync", "retries": 3, "backoffSeconds": 0.01}}],
+        executionMode="synchronous",
+    )
     out = run_tool(ToolRunner(), agent, "flaky", {"key": "retry-me", "failures": 2})
     assert (out.state, out.result, out.attempts) == ("completed", "ok after 3", 3)
     assert out.meta["earlier_attempts"] == ["FlakyError: temporary failure 1", "FlakyError: temporary failure 2"]
 
 
 def test_a_python_tool_past_its_timeout_is_reported() -> None:
-    agent = make_agent([{"name": "hang", "python": f"{MOD}:hang"}],
-                       rules=[{"tool": "hang", "disposition": {"tag": "runSync", "timeoutSeconds": 0.5}}],
-                       executionMode="synchronous")
+    agent = make_agent(
+        [{"name": "hang", "python": f"{MOD}:hang"}],
+        rules=[{"tool": "hang", "disposition": {"tag": "runSync", "timeoutSeconds": 0.5}}],
+        executionMode="synchronous",
+    )
     sample_tools.release.clear()
     started = time.monotonic()
     try:
@@ -105,19 +113,22 @@ def test_an_image_returned_by_a_function_becomes_media() -> None:
 
 
 def test_an_unimportable_function_fails_the_call_not_the_agent_file() -> None:
-    agent = parse_agent({"slug": "x", "model": "m",
-                         "tools": [{"name": "lookup", "python": "no_such_pkg.tools:lookup"}]})
+    agent = parse_agent(
+        {"slug": "x", "model": "m", "tools": [{"name": "lookup", "python": "no_such_pkg.tools:lookup"}]}
+    )
     assert agent.tools[0].parameters == {"type": "object", "properties": {}}
     out = run_tool(ToolRunner(), agent, "lookup")
     assert out.state == "failed" and out.error.startswith("cannot load no_such_pkg.tools:lookup")
 
 
 def test_isolated_python_tools_run_in_a_child_interpreter_without_the_worker_environment(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-worker-secret")
     monkeypatch.setenv("AGENTS_REDIS_URL", "redis://:secret@127.0.0.1:1/0")
-    agent = make_agent([{"name": "whoami", "python": f"{MOD}:whoami"},
-                        {"name": "forecast", "python": f"{MOD}:forecast"}])
+    agent = make_agent(
+        [{"name": "whoami", "python": f"{MOD}:whoami"}, {"name": "forecast", "python": f"{MOD}:forecast"}]
+    )
     runner = ToolRunner(isolated=True, sandbox=Sandbox(SandboxConfig(bwrap="off")))
     out = run_tool(runner, agent, "whoami")
     assert out.state == "completed", out.error

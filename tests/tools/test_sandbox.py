@@ -38,14 +38,22 @@ def own_uid_possible() -> bool:
     return os.geteuid() == 0 and reachable_by_others(PY)
 
 
-def test_the_worker_secrets_are_not_in_the_tool_environment(isolated: ToolRunner, level: str,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_worker_secrets_are_not_in_the_tool_environment(
+    isolated: ToolRunner, level: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("AGENTS_REDIS_URL", "redis://:hunter2@10.0.0.1:6379/0")
     monkeypatch.setenv("OPENAI_API_KEY", "sk-worker-secret")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "aws-worker-secret")
     monkeypatch.setenv("WEATHER_API_KEY", "wk-granted")
-    agent = make_agent([tool("env", "import json, os; print(json.dumps({'env': dict(os.environ), 'cwd': os.getcwd()}))",
-                             env=["WEATHER_API_KEY"])])
+    agent = make_agent(
+        [
+            tool(
+                "env",
+                "import json, os; print(json.dumps({'env': dict(os.environ), 'cwd': os.getcwd()}))",
+                env=["WEATHER_API_KEY"],
+            )
+        ]
+    )
     out = run_tool(isolated, agent, "env", session_id="s-env", call_id="call_env")
     assert out.state == "completed", out.error
     env = out.result["env"]
@@ -65,16 +73,19 @@ def test_writing_outside_its_directory_is_refused(isolated: ToolRunner, level: s
     victim.write_text("precious")
     victim.chmod(0o644)
     escape = Path("/tmp") / f"agents-escape-{uuid.uuid4().hex}"
-    agent = make_agent([
-        tool("overwrite", f"open({str(victim)!r}, 'w').write('pwned')"),
-        tool("create", f"open({str(tooldir / 'planted.txt')!r}, 'w').write('pwned')"),
-        tool("home", "import os; open(os.path.expanduser('~/kept.txt'), 'w').write('x'); print(os.getcwd())"),
-        tool("tmp", f"open({str(escape)!r}, 'w').write('x')"),
-    ])
+    agent = make_agent(
+        [
+            tool("overwrite", f"open({str(victim)!r}, 'w').write('pwned')"),
+            tool("create", f"open({str(tooldir / 'planted.txt')!r}, 'w').write('pwned')"),
+            tool("home", "import os; open(os.path.expanduser('~/kept.txt'), 'w').write('x'); print(os.getcwd())"),
+            tool("tmp", f"open({str(escape)!r}, 'w').write('x')"),
+        ]
+    )
     for name in ("overwrite", "create"):
         out = run_tool(isolated, agent, name)
-        assert out.state == "failed" and ("Permission denied" in out.error or "Read-only file system" in out.error
-                                          or "No such file" in out.error), out.error
+        assert out.state == "failed" and (
+            "Permission denied" in out.error or "Read-only file system" in out.error or "No such file" in out.error
+        ), out.error
     assert victim.read_text() == "precious" and not (tooldir / "planted.txt").exists()
     home = run_tool(isolated, agent, "home")
     assert home.state == "completed" and not os.path.exists(home.result), "its own files go with its directory"
@@ -98,14 +109,11 @@ def test_a_fork_bomb_is_capped_and_killed_at_the_timeout(isolated: ToolRunner, l
     if os.geteuid() == 0 and not own_uid_possible() and level == "rlimits":
         pytest.skip("a root worker could not give this interpreter its own uid: the process limit would not hold")
     marker = f"bomb-{uuid.uuid4().hex}"
-    code = ("import os, time\n"
-            "while True:\n"
-            "    try:\n"
-            "        os.fork()\n"
-            "    except OSError:\n"
-            "        time.sleep(0.01)\n")
-    agent = make_agent([tool("bomb", code, marker, limits={"processes": 24})],
-                       rules=[{"tool": "bomb", "disposition": {"tag": "runIsolated", "timeoutSeconds": 2}}])
+    code = "import os, time\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        time.sleep(0.01)\n"
+    agent = make_agent(
+        [tool("bomb", code, marker, limits={"processes": 24})],
+        rules=[{"tool": "bomb", "disposition": {"tag": "runIsolated", "timeoutSeconds": 2}}],
+    )
     started = time.monotonic()
     out = run_tool(isolated, agent, "bomb")
     assert out.state == "failed" and out.meta["timed_out"] and "did not finish within 2 s" in out.error
@@ -119,17 +127,19 @@ def test_forking_stops_at_the_process_limit(isolated: ToolRunner, level: str) ->
     if os.geteuid() == 0 and not own_uid_possible() and level == "rlimits":
         pytest.skip("a root worker could not give this interpreter its own uid: the process limit would not hold")
     marker = f"forks-{uuid.uuid4().hex}"
-    code = ("import os, time\n"
-            "n = 0\n"
-            "while n < 1000:\n"
-            "    try:\n"
-            "        pid = os.fork()\n"
-            "    except OSError:\n"
-            "        break\n"
-            "    if pid == 0:\n"
-            "        time.sleep(600)\n"
-            "    n += 1\n"
-            "print(n)\n")
+    code = (
+        "import os, time\n"
+        "n = 0\n"
+        "while n < 1000:\n"
+        "    try:\n"
+        "        pid = os.fork()\n"
+        "    except OSError:\n"
+        "        break\n"
+        "    if pid == 0:\n"
+        "        time.sleep(600)\n"
+        "    n += 1\n"
+        "print(n)\n"
+    )
     agent = make_agent([tool("forks", code, marker, limits={"processes": 20})])
     out = run_tool(isolated, agent, "forks")
     assert out.state == "completed", out.error
@@ -138,18 +148,25 @@ def test_forking_stops_at_the_process_limit(isolated: ToolRunner, level: str) ->
 
 
 def test_past_its_timeout_the_whole_tree_dies_even_what_ignores_sigterm_or_left_the_group(
-        isolated: ToolRunner, tooldir: Path) -> None:
+    isolated: ToolRunner, tooldir: Path
+) -> None:
     marker = f"stubborn-{uuid.uuid4().hex}"
-    write_program(tooldir, "stubborn.py", """
+    write_program(
+        tooldir,
+        "stubborn.py",
+        """
         import os, subprocess, sys, time
         marker = sys.argv[1]
         subprocess.Popen([sys.executable, "-c",
             "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)", marker])
         subprocess.Popen([sys.executable, "-c", "import os, time; os.setsid(); time.sleep(600)", marker])
         time.sleep(600)
-    """)
-    agent = make_agent([{"name": "stubborn", "command": [PY, str(tooldir / "stubborn.py"), marker]}],
-                       rules=[{"tool": "stubborn", "disposition": {"tag": "runIsolated", "timeoutSeconds": 1}}])
+    """,
+    )
+    agent = make_agent(
+        [{"name": "stubborn", "command": [PY, str(tooldir / "stubborn.py"), marker]}],
+        rules=[{"tool": "stubborn", "disposition": {"tag": "runIsolated", "timeoutSeconds": 1}}],
+    )
     out = run_tool(isolated, agent, "stubborn")
     assert out.state == "failed" and out.meta["timed_out"]
     assert "did not finish within 1 s and was killed" in out.error
@@ -176,8 +193,9 @@ def test_too_many_open_files_are_refused(isolated: ToolRunner) -> None:
 
 
 def test_a_flood_of_output_is_capped_without_filling_the_worker(isolated: ToolRunner) -> None:
-    agent = make_agent([tool("flood", "import sys\nfor _ in range(400): sys.stdout.write('w' * 65536)",
-                             limits={"outputBytes": 2000})])
+    agent = make_agent(
+        [tool("flood", "import sys\nfor _ in range(400): sys.stdout.write('w' * 65536)", limits={"outputBytes": 2000})]
+    )
     out = run_tool(isolated, agent, "flood")
     assert out.state == "completed"
     assert out.result.startswith("w" * 2000) and "the tool wrote 26214400 bytes; only the first 2000" in out.result

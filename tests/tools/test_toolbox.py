@@ -78,24 +78,44 @@ def agent_file(folder: Path, **extra: Any) -> Path:
 
 
 def test_a_toolbox_folder_becomes_tools_named_by_their_slugs(toolbox: Path) -> None:
-    agent = load_agent_file(agent_file(toolbox, toolboxes=["tools/"], toolCallPolicy={
-        "default": "runSync", "rules": [{"tool": "bash_greet", "disposition": "runAsync"}]}))
+    agent = load_agent_file(
+        agent_file(
+            toolbox,
+            toolboxes=["tools/"],
+            toolCallPolicy={"default": "runSync", "rules": [{"tool": "bash_greet", "disposition": "runAsync"}]},
+        )
+    )
     assert sorted(t.name for t in agent.tools) == ["bash_chart", "bash_greet", "bash_quiet", "bash_sum"]
     greet = agent.tool("bash_greet")
     assert greet is not None and greet.kind == "script" and greet.description == "Greets someone"
-    assert greet.parameters == {"type": "object", "required": ["name"], "properties": {
-        "name": {"type": "string", "description": "who"}, "times": {"type": "number", "description": "how often"},
-        "tone": {"type": "string"}, "note": {"type": "string"}}}
+    assert greet.parameters == {
+        "type": "object",
+        "required": ["name"],
+        "properties": {
+            "name": {"type": "string", "description": "who"},
+            "times": {"type": "number", "description": "how often"},
+            "tone": {"type": "string"},
+            "note": {"type": "string"},
+        },
+    }
     assert agent.tool("bash_sum").parameters["required"] == ["xs"]  # type: ignore[union-attr]
 
 
 def test_run_passes_each_argument_as_its_mode_says(toolbox: Path) -> None:
     agent = load_agent_file(agent_file(toolbox, toolboxes=["tools"]))
-    out = run_tool(ToolRunner(), agent, "bash_greet", {"name": "Ada", "times": 2, "tone": "warm", "note": "hi there"},
-                   session_id="s-greet")
+    out = run_tool(
+        ToolRunner(),
+        agent,
+        "bash_greet",
+        {"name": "Ada", "times": 2, "tone": "warm", "note": "hi there"},
+        session_id="s-greet",
+    )
     assert out.state == "completed", out.error
-    assert out.result == {"argv": ["run", "--name", "Ada", "--times=2", "warm"], "stdin": "hi there\n",
-                          "session": "s-greet"}
+    assert out.result == {
+        "argv": ["run", "--name", "Ada", "--times=2", "warm"],
+        "stdin": "hi there\n",
+        "session": "s-greet",
+    }
 
 
 def test_a_json_schema_description_gets_the_arguments_as_json_on_stdin(toolbox: Path) -> None:
@@ -114,9 +134,15 @@ def test_empty_output_answers_the_declared_message_and_media_output_is_attached(
 
 
 def test_agents_exe_field_names_are_accepted(toolbox: Path) -> None:
-    agent = load_agent_file(agent_file(toolbox, bashToolboxes=[
-        {"tag": "FileSystemDirectory", "contents": {"path": "./tools", "basenameFilter": "gree"}},
-        {"tag": "SingleTool", "contents": "./tools/sum"}]))
+    agent = load_agent_file(
+        agent_file(
+            toolbox,
+            bashToolboxes=[
+                {"tag": "FileSystemDirectory", "contents": {"path": "./tools", "basenameFilter": "gree"}},
+                {"tag": "SingleTool", "contents": "./tools/sum"},
+            ],
+        )
+    )
     assert sorted(t.name for t in agent.tools) == ["bash_greet", "bash_sum"]
     legacy = load_agent_file(agent_file(toolbox, toolDirectory="tools"))
     assert len(legacy.tools) == 4
@@ -134,8 +160,9 @@ def test_the_stored_agent_needs_no_describe_again(toolbox: Path) -> None:
 
 
 def test_an_executable_that_does_not_describe_itself_refuses_the_file(toolbox: Path) -> None:
-    write_program(toolbox / "tools", "broken", f"#!{PY}\nimport sys\nsys.stderr.write('no idea')\nsys.exit(2)\n",
-                  executable=True)
+    write_program(
+        toolbox / "tools", "broken", f"#!{PY}\nimport sys\nsys.stderr.write('no idea')\nsys.exit(2)\n", executable=True
+    )
     with pytest.raises(InvalidAgentFile) as info:
         load_agent_file(agent_file(toolbox, toolboxes=["tools"]))
     message = info.value.message
