@@ -6,6 +6,8 @@ time limits below the broker's visibility timeout, broker keys under `<prefix>:c
 
 from __future__ import annotations
 
+import json
+import time
 from typing import Any
 
 from celery import Celery
@@ -101,7 +103,9 @@ class Dispatcher:
         self.app = app
 
     def step(self, session_id: str, version: int, request: str = "") -> None:
-        self.app.send_task(STEP_TASK, args=(session_id, version, request), queue="steps")
+        self.app.send_task(
+            STEP_TASK, args=(session_id, version, request), queue="steps", headers={PUBLISHED_MS: _now_ms()}
+        )
 
     def call(self, session_id: str, call: TrackedCall) -> None:
         isolated = call.disposition == "runIsolated"
@@ -109,4 +113,25 @@ class Dispatcher:
             ISOLATED_TASK if isolated else CALL_TASK,
             args=(session_id, call.field),
             queue="isolated" if isolated else "tools",
+            headers={PUBLISHED_MS: _now_ms()},
         )
+
+
+#: a message header: when it was published (ms since the epoch, the publisher's clock). The
+#: sweeper reads it off the oldest message of a queue to tell "still waiting" from "lost".
+PUBLISHED_MS = "agents_published_ms"
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def oldest_published_ms(raw_message: str | None) -> int | None:
+    """When the oldest message waiting in a queue (`LINDEX <queue> -1`) was published, if it says."""
+    if not raw_message:
+        return None
+    try:
+        value = json.loads(raw_message).get("headers", {}).get(PUBLISHED_MS)
+    except (ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) else None

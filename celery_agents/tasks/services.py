@@ -20,7 +20,7 @@ from celery_agents.model import TrackedCall
 from celery_agents.runtime.completions import CompletionConsumer
 from celery_agents.store import EmbeddedRedis, Store
 from celery_agents.tasks.celery_app import app, settings
-from celery_agents.tasks.config import Dispatcher
+from celery_agents.tasks.config import Dispatcher, oldest_published_ms
 from celery_agents.tasks.context import worker_context
 
 log = logging.getLogger("celery_agents.services")
@@ -30,14 +30,19 @@ def sweep_once(store: Store, dispatcher: Dispatcher, settings: Settings, now: fl
     """Publish again what nobody will run, and expire due deadlines; returns counts.
 
     An owed step (or dispatched call) is published again when a worker picked it up and its lease
-    lapsed without an outcome (that worker died), or when it was never picked up and its queue is
-    empty (the message was lost between commit and publish), or at the latest after `lost_grace`.
-    A message merely waiting in a busy queue is left alone: duplicates would only add load."""
+    lapsed without an outcome (that worker died), or when it was never picked up and its message
+    cannot be waiting in its queue: the queue is empty, or its oldest message was published after
+    this entry was committed (queues are first in, first out) — the message was lost between
+    commit and publish. At the latest it goes again after `lost_grace`. A message that may merely
+    be waiting in a busy queue is left alone: duplicates would only add load."""
     now = time.time() if now is None else now
     counts = {"owed": 0, "redispatched": 0, "expired": 0}
     k = store.keys
     r = store.client
     cutoff, lost_cutoff = int((now - settings.owed_grace) * 1000), int((now - settings.lost_grace) * 1000)
+    # Publishing follows the commit within milliseconds; the margin also absorbs clock skew between
+    # the committing worker and the one that published the queue's oldest message.
+    margin_ms = int(settings.owed_grace * 1000)
 
     owed = r.zrangebyscore(k.owed, "-inf", cutoff, start=0, num=200, withscores=True)
     if owed:
@@ -45,14 +50,14 @@ def sweep_once(store: Store, dispatcher: Dispatcher, settings: Settings, now: fl
         for sid, _ in owed:
             pipe.hmget(k.meta(sid), ["version", "status", "owed_version", "picked"])
             pipe.exists(k.lease(sid))
-        pipe.llen(f"{k.celery_prefix}steps")
+        pipe.lindex(f"{k.celery_prefix}steps", -1)
         rows = pipe.execute()
-        queue_empty = rows[-1] == 0
+        waiting = _QueueHead(rows[-1], margin_ms)
         for i, (sid, score) in enumerate(owed):
             (version, status, owed_version, picked), leased = rows[2 * i], rows[2 * i + 1]
             if version is None or status != "active" or owed_version != version:
                 r.zrem(k.owed, sid)
-            elif not leased and (picked == version or queue_empty or score <= lost_cutoff):
+            elif not leased and (picked == version or waiting.cannot_hold(score) or score <= lost_cutoff):
                 dispatcher.step(sid, int(version), request="sweeper")
                 store.touch_owed(sid, now)
                 counts["owed"] += 1
@@ -66,10 +71,10 @@ def sweep_once(store: Store, dispatcher: Dispatcher, settings: Settings, now: fl
             pipe.exists(k.call_lease(sid, field))
             pipe.exists(k.call_started(sid, field))
             pipe.hget(k.calls(sid), field)
-        pipe.llen(f"{k.celery_prefix}tools")
-        pipe.llen(f"{k.celery_prefix}isolated")
+        pipe.lindex(f"{k.celery_prefix}tools", -1)
+        pipe.lindex(f"{k.celery_prefix}isolated", -1)
         rows = pipe.execute()
-        empty = {"runAsync": rows[-2] == 0, "runIsolated": rows[-1] == 0}
+        heads = {"runAsync": _QueueHead(rows[-2], margin_ms), "runIsolated": _QueueHead(rows[-1], margin_ms)}
         for i, (member, score) in enumerate(dispatched):
             sid, field = member.split(" ", 1)
             is_pending, leased, started, raw = rows[4 * i : 4 * i + 4]
@@ -77,7 +82,8 @@ def sweep_once(store: Store, dispatcher: Dispatcher, settings: Settings, now: fl
                 r.zrem(k.dispatched, member)
                 continue
             call = TrackedCall.model_validate_json(raw)
-            if not leased and (started or empty.get(call.disposition, True) or score <= lost_cutoff):
+            head = heads.get(call.disposition)
+            if not leased and (started or head is None or head.cannot_hold(score) or score <= lost_cutoff):
                 dispatcher.call(sid, call)
                 store.touch_dispatched(sid, field, now)
                 counts["redispatched"] += 1
@@ -88,6 +94,21 @@ def sweep_once(store: Store, dispatcher: Dispatcher, settings: Settings, now: fl
             if finished.woken:
                 dispatcher.step(sid, finished.version, "expired")
     return counts
+
+
+class _QueueHead:
+    """The oldest message waiting in a queue, as far as the sweeper needs it."""
+
+    def __init__(self, raw_oldest: str | None, margin_ms: int) -> None:
+        self.empty = raw_oldest is None
+        self.published_ms = oldest_published_ms(raw_oldest)
+        self.margin_ms = margin_ms
+
+    def cannot_hold(self, committed_ms: float) -> bool:
+        """Whether a message published right after `committed_ms` cannot still be waiting here."""
+        if self.empty:
+            return True
+        return self.published_ms is not None and self.published_ms > committed_ms + self.margin_ms
 
 
 class WorkerServices:

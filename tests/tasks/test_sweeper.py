@@ -1,0 +1,100 @@
+"""The sweeper (`tasks.services.sweep_once`) on real Redis with real Celery publishing: work lost
+between commit and publish goes again soon even while its queue is busy; work that may still be
+waiting in the queue is left alone until `lost_grace`."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+
+import pytest
+
+from celery_agents.config import Settings
+from celery_agents.store import Store
+from celery_agents.tasks.config import Dispatcher, make_app
+from celery_agents.tasks.services import sweep_once
+from tests.store.scenario import start, waiting_on
+
+
+@pytest.fixture
+def sweeper_settings(settings: Settings) -> Settings:
+    return replace(settings, owed_grace=1.0, lost_grace=300.0)
+
+
+@pytest.fixture
+def dispatcher(sweeper_settings: Settings) -> Iterator[Dispatcher]:
+    app = make_app(sweeper_settings, main="sweeper-test")
+    yield Dispatcher(app)
+    app.close()
+
+
+def queued(store: Store, queue: str) -> list[dict[str, object]]:
+    """The messages waiting in a queue, oldest first: task name and arguments."""
+    raw = store.client.lrange(f"{store.keys.celery_prefix}{queue}", 0, -1)
+    out = []
+    for message in reversed(raw):
+        doc = json.loads(message)
+        out.append({"task": doc["headers"]["task"], "argsrepr": doc["headers"].get("argsrepr")})
+    return out
+
+
+def test_a_step_lost_before_publish_goes_again_though_its_queue_is_busy(
+    store: Store, sweeper_settings: Settings, dispatcher: Dispatcher
+) -> None:
+    now = time.time()
+    lost = start(store, drive="auto", owe=True, now=now - 5)  # committed 5 s ago; its message never left
+    busy = start(store, drive="auto", owe=True, now=now)
+    dispatcher.step(busy, 1, "test")  # published now, and nobody consumes it
+    counts = sweep_once(store, dispatcher, sweeper_settings, now=now + 0.5)
+    assert counts["owed"] == 1
+    assert [m["argsrepr"] for m in queued(store, "steps")] == [
+        repr((busy, 1, "test")),
+        repr((lost, 1, "sweeper")),
+    ], "the lost step is published again; the waiting one is not duplicated"
+
+
+def test_a_step_that_may_still_wait_behind_the_oldest_message_is_left_alone(
+    store: Store, sweeper_settings: Settings, dispatcher: Dispatcher
+) -> None:
+    now = time.time()
+    other = start(store, drive="auto", owe=True, now=now)
+    dispatcher.step(other, 1, "test")
+    maybe_waiting = start(store, drive="auto", owe=True, now=now - 0.5)  # within the margin of that publish
+    assert sweep_once(store, dispatcher, sweeper_settings, now=now + 2)["owed"] == 0
+    assert len(queued(store, "steps")) == 1
+    # At the latest after lost_grace it goes again.
+    counts = sweep_once(store, dispatcher, sweeper_settings, now=now + 301)
+    assert counts["owed"] == 2
+    assert {m["argsrepr"] for m in queued(store, "steps")[1:]} == {
+        repr((other, 1, "sweeper")),
+        repr((maybe_waiting, 1, "sweeper")),
+    }
+
+
+def test_a_queue_head_without_a_publish_time_proves_nothing(
+    store: Store, sweeper_settings: Settings, dispatcher: Dispatcher
+) -> None:
+    now = time.time()
+    start(store, drive="auto", owe=True, now=now - 5)
+    dispatcher.app.send_task("something.else", args=(), queue="steps")  # published by some other program
+    assert sweep_once(store, dispatcher, sweeper_settings, now=now + 0.5)["owed"] == 0
+
+
+def test_an_async_call_lost_before_publish_goes_again_though_its_queue_is_busy(
+    store: Store, sweeper_settings: Settings, dispatcher: Dispatcher
+) -> None:
+    sid, calls = waiting_on(store, ("c1", "async_t"))
+    [call] = calls
+    member = f"{sid} {call.field}"
+    now = time.time()
+    store.client.zadd(store.keys.dispatched, {member: int((now - 5) * 1000)})  # dispatched 5 s ago, never sent
+    other, other_calls = waiting_on(store, ("c2", "async_t"))
+    dispatcher.call(other, other_calls[0])
+    counts = sweep_once(store, dispatcher, sweeper_settings, now=now + 0.5)
+    assert counts["redispatched"] == 1
+    assert [m["argsrepr"] for m in queued(store, "tools")] == [
+        repr((other, other_calls[0].field)),
+        repr((sid, call.field)),
+    ]
