@@ -13,7 +13,8 @@ Starts a private redis-server on a free port (or uses `AGENTS_REDIS_URL`), then 
 4. completion to next step started: sessions of an agent with one external tool, auto-driven until
    they wait on its token; each completed with `XADD <prefix>:completions`, timed to the session's
    `step_started` event (`at`, the worker's clock) from just before the XADD (the bench's clock:
-   the same machine); while they wait, `agents session pending --json` wall time.
+   the same machine); while they wait, `agents session pending --json` wall time;
+5. one demo model call through litellm, alone (`bench/model_call.py`): the floor under every step.
 
 Prints one JSON object (`--json`) or a table. Every process it starts is ended on exit and on Ctrl-C.
 """
@@ -26,6 +27,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 import uuid
@@ -65,6 +67,7 @@ class Sizes:
         self.throughput = 300 if quick else 4000
         self.completions = 30 if quick else 200
         self.cli_runs = 3 if quick else 7
+        self.model_calls = 200 if quick else 2000
         self.growth_steps = 200
 
 
@@ -347,6 +350,7 @@ def run(quick: bool, workers: int) -> dict[str, Any]:
         result["step_throughput_ratio"] = result["steps_per_s"] / result["bare_celery_tasks_per_s"]
         result["step_latency_ratio"] = result["step_latency_p50_ms"] / result["bare_celery_roundtrip_p50_ms"]
         result["step_latency_p99_ratio"] = result["step_latency_p99_ms"] / result["bare_celery_roundtrip_p99_ms"]
+        result.update(model_call_bounds(result, sizes))
         result["samples"] = {
             "roundtrip": sizes.latency,
             "throughput": sizes.throughput,
@@ -358,6 +362,27 @@ def run(quick: bool, workers: int) -> dict[str, Any]:
         result["redis"] = "AGENTS_REDIS_URL" if os.environ.get("AGENTS_REDIS_URL") else "private redis-server"
     result["wall_s"] = round(time.perf_counter() - started, 1)
     return result
+
+
+def model_call_bounds(result: dict[str, Any], sizes: Sizes) -> dict[str, Any]:
+    """The demo model's call through litellm, alone (`bench/model_call.py`, a fresh process), and
+    what it leaves reachable: every step makes one such call on top of a Celery task, so its round
+    trip is at least Celery's plus the call's wall time, and its CPU at least a no-op task's plus
+    the call's CPU (throughput on a CPU-bound machine goes inversely with CPU per item)."""
+    script = Path(__file__).resolve().parent / "model_call.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--calls", str(sizes.model_calls)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    out: dict[str, Any] = json.loads(done.stdout)
+    bare_rt = result["bare_celery_roundtrip_p50_ms"]
+    bare_cpu = sum(result["bare_celery_cpu_ms_per_task"].get(k, 0.0) for k in ("worker", "redis", "bench"))
+    out["step_latency_ratio_floor"] = (bare_rt + out["model_call_wall_p50_ms"]) / bare_rt
+    out["step_throughput_ratio_ceiling"] = bare_cpu / (bare_cpu + out["model_call_cpu_ms"])
+    return out
 
 
 GOALS = [
@@ -374,6 +399,7 @@ def render(result: dict[str, Any]) -> str:
         ("plain Celery no-op tasks/s", result["bare_celery_tasks_per_s"], ""),
         ("celery-agents steps/s", result["steps_per_s"], ""),
         ("  throughput ratio (goal >= 0.5)", result["step_throughput_ratio"], ""),
+        ("  ceiling: no-op task + one model call", result["step_throughput_ratio_ceiling"], ""),
         (
             "plain Celery round trip p50 / p99",
             result["bare_celery_roundtrip_p50_ms"],
@@ -381,11 +407,13 @@ def render(result: dict[str, Any]) -> str:
         ),
         ("step round trip p50 / p99", result["step_latency_p50_ms"], result["step_latency_p99_ms"]),
         ("  latency ratio p50 (goal <= 2)", result["step_latency_ratio"], ""),
+        ("  floor: Celery + one model call", result["step_latency_ratio_floor"], ""),
         *[(f"  step {k} p50 (ms)", v, "") for k, v in result["step_latency_parts_p50_ms"].items()],
         ("completion -> step started p50 / p99", result["complete_to_step_p50_ms"], result["complete_to_step_p99_ms"]),
         ("bytes written, commit of step 2 / 200", result["bytes_written_step_2"], result["bytes_written_step_200"]),
         ("  write growth ratio (goal < 1.5)", result["write_growth_ratio"], ""),
         ("agents session pending --json (ms)", result["cli_pending_wall_ms"], ""),
+        ("demo model call via litellm: wall p50 / CPU", result["model_call_wall_p50_ms"], result["model_call_cpu_ms"]),
         (
             "Redis commands per no-op task / step",
             result["bare_celery_redis_commands_per_task"],

@@ -53,3 +53,6 @@ def test_quick_benchmark_prints_every_contract_key() -> None:
         assert math.isfinite(value), (key, value)
     assert result["step_latency_p99_ms"] >= result["step_latency_p50_ms"]
     assert result["bare_celery_roundtrip_p99_ms"] >= result["bare_celery_roundtrip_p50_ms"]
+    # The bounds one model call sets are reported beside the ratios they bound.
+    assert result["model_call_wall_p50_ms"] > 0 and result["model_call_cpu_ms"] > 0
+    assert result["step_latency_ratio_floor"] > 1 and 0 < result["step_throughput_ratio_ceiling"] < 1
