@@ -8,7 +8,8 @@ It enforces the wall-clock timeout (SIGTERM to the whole tree, SIGKILL after the
 kills whatever is left once the tool exits, and writes one JSON status line to `status_fd`.
 
 CONFIG (JSON): argv, limits ({"RLIMIT_AS": n or [soft, hard], ...}), nproc_extra (processes allowed beyond
-those the uid already runs, when the uid is shared), uid, gid, timeout, grace, status_fd.
+those the uid already runs, when the uid is shared), uid, gid, timeout, grace, status_fd, and
+cgroup_procs (the `cgroup.procs` files of the run's cgroups, which the tool joins first).
 
 `confine.py drop UID DIR -- ARGV...` only drops to UID, enters DIR and execs ARGV: under
 bubblewrap started by root, the drop happens inside, where the tool's files are reachable whatever
@@ -92,6 +93,10 @@ def _exec_tool(cfg: dict[str, Any]) -> None:
         os.setpgid(0, 0)
         _default_signals()
         signal.set_wakeup_fd(-1)
+        for procs in cfg.get("cgroup_procs") or ():
+            # The run's cgroup, joined before anything else runs: the tool's whole tree is in it.
+            with open(procs, "w") as f:
+                f.write(str(os.getpid()))
         limits = dict(cfg.get("limits") or {})
         uid = cfg.get("uid")
         if "RLIMIT_NPROC" in limits and cfg.get("nproc_extra"):

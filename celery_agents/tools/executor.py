@@ -26,7 +26,14 @@ from celery_agents.tools.decorators import apply_truncate, resolve_limits, with_
 from celery_agents.tools.output import cut, split_media
 from celery_agents.tools.process import run_process
 from celery_agents.tools.python_call import CHILD_BOOTSTRAP, call_in_thread, child_request
-from celery_agents.tools.sandbox import DEFAULT_LIMITS, Sandbox, SandboxUnavailable, python_install, python_paths
+from celery_agents.tools.sandbox import (
+    DEFAULT_LIMITS,
+    Sandbox,
+    SandboxRun,
+    SandboxUnavailable,
+    python_install,
+    python_paths,
+)
 from celery_agents.tools.toolbox import script_invocation
 
 #: the execution timeout of a call whose disposition names none
@@ -127,8 +134,7 @@ class ToolRunner:
                 media_type=tool.output_media_type,
                 limits=limits,
             )
-            outcome.meta.update(run.meta)
-            return outcome
+            return _with_sandbox(outcome, run)
         res = run_process(
             argv,
             stdin,
@@ -193,8 +199,19 @@ class ToolRunner:
                     + (proc.stderr.decode(errors="replace").strip()[-2000:] or "no error output"),
                 }
             outcome = _outcome_of_envelope(envelope, proc.duration_ms, proc.exit_status, cap)
-        outcome.meta.update(run.meta)
-        return outcome
+        return _with_sandbox(outcome, run)
+
+
+def _with_sandbox(outcome: CallOutcome, run: SandboxRun) -> CallOutcome:
+    """How the run was confined, in the meta; a run the kernel cut for memory fails, saying so
+    (whatever its main process made of a killed child)."""
+    outcome.meta.update(run.meta)
+    why = run.out_of_memory
+    if why:
+        outcome.state = "failed"
+        outcome.result, outcome.media = None, []
+        outcome.error = why + (f"; {outcome.error}" if outcome.error else "")
+    return outcome
 
 
 def _outcome_of_envelope(

@@ -9,10 +9,14 @@ A worker running as root drops the tool to a uid of its own for the run (so the 
 holds and the worker's files are out of reach). Where bubblewrap works, it also hides the
 filesystem and the network (`bubblewrap.py`). docs/tools.md says what each level protects against.
 
+Where the worker may create control groups, the run's processes together are held to the memory
+and process limits too (`cgroup.py`).
+
 Settings (worker environment): `AGENTS_SANDBOX_BWRAP` = `auto` (use it when it works, the
 default), `off`, or `require` (refuse to run without it); `AGENTS_SANDBOX_UID` = `auto` (a uid
-per run when root, the default), `off`, or a fixed uid; `AGENTS_SANDBOX_DIR`: where the
-temporary directories go.
+per run when root, the default), `off`, or a fixed uid; `AGENTS_SANDBOX_CGROUP` = `auto` (a
+cgroup per run where possible, the default) or `off`; `AGENTS_SANDBOX_DIR`: where the temporary
+directories go.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from pathlib import Path
 
 from celery_agents.model.agent import Limits
 from celery_agents.tools.bubblewrap import bwrap_argv, bwrap_path
+from celery_agents.tools.cgroup import Cgroups
 from celery_agents.tools.process import ProcessResult, run_process
 
 log = logging.getLogger(__name__)
@@ -55,6 +60,7 @@ class SandboxConfig:
     bwrap: str = "auto"
     uid: str = "auto"
     root: str | None = None
+    cgroup: str = "auto"
 
     @classmethod
     def from_env(cls) -> SandboxConfig:
@@ -63,6 +69,7 @@ class SandboxConfig:
             bwrap=(env.get("AGENTS_SANDBOX_BWRAP") or "auto").lower(),
             uid=(env.get("AGENTS_SANDBOX_UID") or "auto").lower(),
             root=env.get("AGENTS_SANDBOX_DIR") or None,
+            cgroup=(env.get("AGENTS_SANDBOX_CGROUP") or "auto").lower(),
         )
 
 
@@ -85,7 +92,21 @@ class SandboxRun:
         }
         if self.status.get("uid_note"):
             out["uid_note"] = self.status["uid_note"]
+        out["memory_scope"] = self.status.get("memory_scope", "process")
+        if self.status.get("oom_kills"):
+            out["oom_kills"] = self.status["oom_kills"]
         return out
+
+    @property
+    def out_of_memory(self) -> str | None:
+        """Why the run failed when the kernel killed some of its processes for memory, else None."""
+        kills = self.status.get("oom_kills")
+        if not kills:
+            return None
+        return (
+            f"out of memory: the run's processes together went past memoryMb={self.limits.memory_mb} "
+            f"and the kernel killed {kills} of them"
+        )
 
 
 def rlimits(limits: Limits) -> dict[str, int | list[int]]:
@@ -133,6 +154,7 @@ class Sandbox:
     def __init__(self, config: SandboxConfig | None = None) -> None:
         self.config = config or SandboxConfig.from_env()
         self._bwrap: str | bool | None = False  # False: not probed yet
+        self.cgroups = Cgroups(self.config.cgroup)
 
     # -- how a run is confined ---------------------------------------------------------------
     def _uid(self) -> int | None:
@@ -224,6 +246,8 @@ class Sandbox:
                     f"kept the worker's uid: {hidden[0]} is not readable by other users "
                     "(install bubblewrap, or keep tools in folders others can read)"
                 )
+        cgroup = self.cgroups.create(limits.memory_mb, limits.processes)
+        oom_kills = 0
         status_r, status_w = os.pipe()
         try:
             if uid is not None:
@@ -239,6 +263,7 @@ class Sandbox:
                 "timeout": timeout,
                 "grace": grace,
                 "status_fd": status_w,
+                "cgroup_procs": cgroup.procs_files if cgroup else [],
             }
             launcher = [sys.executable, "-I", "-S", "-B", CONFINE, json.dumps(cfg)]
             result = run_process(
@@ -259,6 +284,9 @@ class Sandbox:
                 os.close(status_w)
             os.close(status_r)
             _remove(workdir)
+            if cgroup is not None:
+                oom_kills = cgroup.oom_kills()
+                cgroup.remove()
         if status:
             result.exit_status = status.get("exit_status")  # type: ignore[assignment]
             result.timed_out = result.timed_out or bool(status.get("timed_out"))
@@ -267,6 +295,9 @@ class Sandbox:
             result.exit_status = 128 - result.exit_status
         if note:
             status["uid_note"] = note
+        status["memory_scope"] = "run" if cgroup is not None else "process"
+        if cgroup is not None and oom_kills:
+            status["oom_kills"] = oom_kills
         return SandboxRun(result, "bwrap" if wrap else "rlimits", uid, limits, status)
 
 

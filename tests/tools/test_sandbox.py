@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from celery_agents.tools import ToolRunner
+from celery_agents.tools import Sandbox, SandboxConfig, ToolRunner
 from celery_agents.tools.sandbox import reachable_by_others
 from tests.tools.conftest import PY, alive_as, alive_with, make_agent, run_tool, write_program
 
@@ -224,3 +224,40 @@ def test_under_bubblewrap_the_network_is_cut_unless_the_tool_asks_for_it(isolate
         assert cut.state == "failed" and "Connection refused" in (cut.error or ""), (cut.state, cut.error)
         allowed = run_tool(isolated, agent, "allowed")
         assert allowed.state == "completed" and allowed.result == "connected", allowed.error
+
+
+FORKING_HOG = """
+import os, sys
+children = []
+for _ in range(4):
+    pid = os.fork()
+    if pid == 0:
+        block = bytearray(150 * 1024 * 1024)  # within the per-process limit; touched, so resident
+        for i in range(0, len(block), 4096):
+            block[i] = 1
+        os._exit(0)
+    children.append(pid)
+codes = [os.waitpid(pid, 0)[1] for pid in children]
+print("children ended with", codes)
+"""
+
+
+def test_children_together_cannot_go_past_the_memory_limit(isolated: ToolRunner, level: str) -> None:
+    if not isolated.sandbox.cgroups.available():
+        pytest.skip("this worker cannot create cgroups (not root, or no writable memory/pids hierarchy)")
+    agent = make_agent([tool("forking-hog", FORKING_HOG, limits={"memoryMb": 256})])
+    without = ToolRunner(
+        isolated=True, sandbox=Sandbox(SandboxConfig(bwrap="require" if level == "bwrap" else "off", cgroup="off"))
+    )
+    unbounded = run_tool(without, agent, "forking-hog")
+    assert unbounded.state == "completed" and unbounded.meta["memory_scope"] == "process", (
+        "per-process limits alone let 4 x 150 MB through: the gap the cgroup closes"
+    )
+    out = run_tool(isolated, agent, "forking-hog")
+    assert out.state == "failed", out.result
+    assert out.error.startswith("out of memory: the run's processes together went past memoryMb=256"), out.error
+    assert out.meta["memory_scope"] == "run" and out.meta["oom_kills"] >= 1
+    # The limit is the run's alone: the next run starts afresh and its cgroup is gone afterwards.
+    ok = run_tool(isolated, make_agent([tool("small", "print(len(bytearray(100 * 1024 * 1024)))")]), "small")
+    assert ok.state == "completed" and ok.result == 104857600 and "oom_kills" not in ok.meta, ok.error
+    assert isolated.sandbox.cgroups.leftovers() == []
