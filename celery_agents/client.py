@@ -12,6 +12,7 @@ runIsolated calls they dispatch.
 
 from __future__ import annotations
 
+import builtins
 import os
 import socket
 import time
@@ -19,7 +20,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery_agents.config import Settings
 from celery_agents.errors import InvalidInput, SessionNotAdvanceable, WaitTimeout
@@ -36,6 +37,9 @@ from celery_agents.model import (
 )
 from celery_agents.store import EmbeddedRedis, Store, client_for_url
 
+if TYPE_CHECKING:
+    from celery_agents.tools import ToolRunner
+
 EventHook = Callable[[dict[str, Any]], None]
 
 
@@ -47,7 +51,8 @@ class Client:
     ) -> None:
         self.settings = settings or Settings.from_env()
         self.inline = self.settings.embedded if inline is None else inline
-        self._llm, self._tools, self._isolated = llm, tools, None
+        self._llm, self._tools = llm, tools
+        self._isolated: ToolRunner | None = None
         self._store: Store | None = None
         self._embedded: EmbeddedRedis | None = None
         self._dispatcher: Any = None
@@ -144,7 +149,8 @@ class Client:
             raise InvalidInput(f"unknown status {status!r}: use ready, tools, waiting, completed, failed or cancelled")
         return self._views(self.store.list_sessions(status, limit))
 
-    def pending(self, session_id: str | None = None, limit: int = 1000) -> list[PendingCall]:
+    # `list` below is the method above: `builtins.list` is the type.
+    def pending(self, session_id: str | None = None, limit: int = 1000) -> builtins.list[PendingCall]:
         self.catch_up()
         return self.store.pending_view(session_id, limit=limit)
 

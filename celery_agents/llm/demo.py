@@ -136,7 +136,7 @@ def register_demo_provider(litellm: Any) -> None:
     """Register the `demo/` provider with litellm (idempotent)."""
     if any(p.get("provider") == PROVIDER for p in litellm.custom_provider_map):
         return
-    from litellm import CustomLLM
+    from litellm.llms.custom_llm import CustomLLM
     from litellm.types.utils import ChatCompletionMessageToolCall, Choices, Function, Message, Usage
 
     def fill(model: str, messages: list[dict[str, Any]], optional_params: dict[str, Any], model_response: Any) -> Any:
@@ -159,7 +159,7 @@ def register_demo_provider(litellm: Any) -> None:
         model_response._hidden_params["response_cost"] = 0.0
         return model_response
 
-    class DemoLLM(CustomLLM):  # type: ignore[misc]
+    class DemoLLM(CustomLLM):
         def completion(
             self,
             model: str,
@@ -183,4 +183,4 @@ def register_demo_provider(litellm: Any) -> None:
     litellm.custom_provider_map = [*litellm.custom_provider_map, {"provider": PROVIDER, "custom_handler": DemoLLM()}]
     from litellm.utils import custom_llm_setup
 
-    custom_llm_setup()
+    custom_llm_setup()  # type: ignore[no-untyped-call]  # litellm leaves it unannotated

@@ -14,7 +14,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -98,7 +98,12 @@ class CompletionConsumer:
             claimed = client.xautoclaim(key, GROUP, self.name, self.claim_idle_ms, "0-0", count=self.batch)
             entries.extend(e for e in claimed[1] if e and e[1])
         try:
-            res = client.xreadgroup(GROUP, self.name, {key: ">"}, count=self.batch, block=block_ms)
+            # Decoded RESP2 reply (redis-py types it as any protocol's): [[stream, [(id, fields), ...]]],
+            # or nothing once the block ran out.
+            res = cast(
+                "list[tuple[str, list[tuple[str, dict[str, str]]]]] | None",
+                client.xreadgroup(GROUP, self.name, {key: ">"}, count=self.batch, block=block_ms),
+            )
         except redis.ResponseError as exc:
             if "NOGROUP" not in str(exc):
                 raise

@@ -15,7 +15,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import redis
 from pydantic import TypeAdapter
@@ -49,7 +49,12 @@ from celery_agents.store.scripts import Scripts
 
 _SID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _SECRET = re.compile(r"^[A-Za-z0-9_-]{16,128}$")
-_TURN = TypeAdapter(StoredTurn)
+_TURN: TypeAdapter[UserTurn | LlmTurn] = TypeAdapter(StoredTurn)
+
+# Replies are text: the client is made with `decode_responses=True` (store/connection.py), but
+# redis-py types a reply `bytes | str` whatever the client, hence the casts to `str` below.
+# A stream's entries as XRANGE and XREAD (RESP2) return them: (entry id, fields).
+_Entries = list[tuple[str, dict[str, str]]]
 
 
 def new_session_id() -> str:
@@ -128,12 +133,12 @@ def header_from_hash(d: dict[str, str]) -> SessionHeader:
         session_id=d["session_id"],
         agent_slug=d.get("agent_slug", ""),
         agent_hash=d.get("agent_hash", ""),
-        execution_mode=d.get("execution_mode") or "synchronous",  # type: ignore[arg-type]
+        execution_mode=d.get("execution_mode") or "synchronous",
         version=int(d.get("version", "1")),
         status=Status(d.get("status", "active")),
         state=State(d.get("state", "ready")),
-        drive=d.get("drive") or "manual",  # type: ignore[arg-type]
-        head=d.get("head") or None,  # type: ignore[arg-type]
+        drive=d.get("drive") or "manual",
+        head=d.get("head") or None,
         created_at=float(d.get("created_at", 0)),
         updated_at=float(d.get("updated_at", 0)),
         steps=int(d.get("steps", 0)),
@@ -252,7 +257,7 @@ class Store:
             agent_slug=agent.slug,
             agent_hash=content_hash,
             execution_mode=agent.mode,
-            drive=drive,  # type: ignore[arg-type]
+            drive=drive,
             created_at=now,
             updated_at=now,
             step_limit=agent.max_steps,
@@ -279,7 +284,7 @@ class Store:
     def header(self, session_id: str) -> SessionHeader:
         check_session_id(session_id)
         try:
-            data = self.client.hgetall(self.keys.meta(session_id))
+            data = cast("dict[str, str]", self.client.hgetall(self.keys.meta(session_id)))
         except redis.ConnectionError as exc:
             raise RedisUnavailable(f"cannot reach Redis: {exc}") from exc
         if not data:
@@ -287,7 +292,7 @@ class Store:
         return header_from_hash(data)
 
     def lease_holder(self, session_id: str) -> str | None:
-        return self.client.get(self.keys.lease(session_id))
+        return cast("str | None", self.client.get(self.keys.lease(session_id)))
 
     def load(self, session_id: str) -> Loaded:
         """Header, all stored turns, the newest batch's calls: one round trip (turns cached)."""
@@ -425,7 +430,7 @@ class Store:
 
     # -- journal -----------------------------------------------------------------------------
     def journal_get(self, session_id: str, field: str) -> str | None:
-        return self.client.hget(self.keys.journal(session_id), field)
+        return cast("str | None", self.client.hget(self.keys.journal(session_id), field))
 
     def journal_put(self, session_id: str, field: str, value: str) -> str:
         """Record work done in this step; returns the first recorded value (which wins)."""
@@ -486,7 +491,7 @@ class Store:
 
     def token_info(self, token: str) -> dict[str, str]:
         sid, secret = parse_token(token)
-        data = self.client.hgetall(self.keys.token(sid, secret))
+        data = cast("dict[str, str]", self.client.hgetall(self.keys.token(sid, secret)))
         if not data:
             raise UnknownToken(_token_message("unknown", token), token=token)
         return data
@@ -515,8 +520,11 @@ class Store:
         return Finished(status="ok", remaining=int(res[1]), woken=bool(res[2]), version=int(res[3]))
 
     def due_deadlines(self, now: float, limit: int = 100) -> list[tuple[str, str]]:
-        members = self.client.zrangebyscore(self.keys.deadlines, "-inf", int(now * 1000), start=0, num=limit)
-        return [tuple(m.split(" ", 1)) for m in members]  # type: ignore[misc]
+        members = cast(
+            "list[str]", self.client.zrangebyscore(self.keys.deadlines, "-inf", int(now * 1000), start=0, num=limit)
+        )
+        # Members are written "<session id> <field>" (store/lua/): each splits in two.
+        return [cast("tuple[str, str]", tuple(m.split(" ", 1))) for m in members]
 
     # -- drive -------------------------------------------------------------------------------
     def set_drive(self, session_id: str, drive: str) -> tuple[int, bool]:
@@ -598,7 +606,12 @@ class Store:
             )
 
     def owed(self, older_than: float, limit: int = 200) -> list[str]:
-        return list(self.client.zrangebyscore(self.keys.owed, "-inf", int(older_than * 1000), start=0, num=limit))
+        return list(
+            cast(
+                "list[str]",
+                self.client.zrangebyscore(self.keys.owed, "-inf", int(older_than * 1000), start=0, num=limit),
+            )
+        )
 
     def touch_owed(self, session_id: str, now: float) -> None:
         self.client.zadd(self.keys.owed, {session_id: int(now * 1000)}, xx=True)
@@ -611,7 +624,7 @@ class Store:
         """The session's unfinished calls in the model's order, each with whether a worker (or
         the CLI) has started running it."""
         check_session_id(session_id)
-        fields = sorted(self.client.smembers(self.keys.pending(session_id)))
+        fields = sorted(cast("set[str]", self.client.smembers(self.keys.pending(session_id))))
         if not fields:
             if not self.client.exists(self.keys.meta(session_id)):
                 raise UnknownSession(f"unknown session {session_id!r}", session_id=session_id)
@@ -654,7 +667,7 @@ class Store:
         """Unfinished calls of one session, or of all sessions oldest first (never a scan)."""
         if session_id is not None:
             return [pending_view(session_id, c, started) for c, started in self._pending_rows(session_id)]
-        members = self.client.zrange(self.keys.pending_all, 0, limit - 1)
+        members = cast("list[str]", self.client.zrange(self.keys.pending_all, 0, limit - 1))
         pairs = [m.split(" ", 1) for m in members]
         if not pairs:
             return []
@@ -677,7 +690,7 @@ class Store:
 
     def list_sessions(self, state: str | None = None, limit: int = 50) -> list[SessionHeader]:
         index = self.keys.state_index(state) if state else self.keys.sessions
-        ids = self.client.zrevrange(index, 0, limit - 1)
+        ids = cast("list[str]", self.client.zrevrange(index, 0, limit - 1))
         pipe = self.client.pipeline(transaction=False)
         for sid in ids:
             pipe.hgetall(self.keys.meta(sid))
@@ -685,17 +698,19 @@ class Store:
 
     # -- events ------------------------------------------------------------------------------
     def last_event_id(self, session_id: str) -> str:
-        last = self.client.xrevrange(self.keys.events(session_id), count=1)
+        last = cast("_Entries", self.client.xrevrange(self.keys.events(session_id), count=1))
         return last[0][0] if last else "0-0"
 
     def read_events(
         self, session_id: str, after: str = "0-0", block_ms: int | None = None, count: int = 500
     ) -> list[dict[str, Any]]:
         key = self.keys.events(session_id)
+        raw: _Entries
         if block_ms is None:
-            raw = self.client.xrange(key, min=f"({after}" if after != "0-0" else "-", count=count)
+            raw = cast("_Entries", self.client.xrange(key, min=f"({after}" if after != "0-0" else "-", count=count))
         else:
-            res = self.client.xread({key: after}, block=block_ms, count=count)
+            # RESP2: [[stream, entries]] for the one stream asked, or nothing once the block ran out.
+            res = cast("list[tuple[str, _Entries]]", self.client.xread({key: after}, block=block_ms, count=count))
             raw = res[0][1] if res else []
         return [event_from_entry(eid, fields) for eid, fields in raw]
 

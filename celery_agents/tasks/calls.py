@@ -25,7 +25,7 @@ def _run(task: Any, session_id: str, field: str, isolated: bool) -> str:
     return res.status
 
 
-@app.task(
+@app.task(  # type: ignore[untyped-decorator]  # Celery is untyped
     name=CALL_TASK,
     bind=True,
     ignore_result=True,
@@ -36,7 +36,7 @@ def run_async_call(self: Any, session_id: str, field: str) -> str:
     return _run(self, session_id, field, isolated=False)
 
 
-@app.task(
+@app.task(  # type: ignore[untyped-decorator]  # Celery is untyped
     name=ISOLATED_TASK,
     bind=True,
     ignore_result=True,

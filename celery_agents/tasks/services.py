@@ -11,7 +11,7 @@ import os
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, cast
 
 from celery.signals import worker_init, worker_ready, worker_shutdown
 
@@ -44,7 +44,8 @@ def sweep_once(store: Store, dispatcher: Dispatcher, settings: Settings, now: fl
     # the committing worker and the one that published the queue's oldest message.
     margin_ms = int(settings.owed_grace * 1000)
 
-    owed = r.zrangebyscore(k.owed, "-inf", cutoff, start=0, num=200, withscores=True)
+    # The client decodes replies (store/connection.py): members are `str`, where redis-py says `bytes | str`.
+    owed = cast("list[tuple[str, float]]", r.zrangebyscore(k.owed, "-inf", cutoff, start=0, num=200, withscores=True))
     if owed:
         pipe = r.pipeline(transaction=False)
         for sid, _ in owed:
@@ -62,7 +63,9 @@ def sweep_once(store: Store, dispatcher: Dispatcher, settings: Settings, now: fl
                 store.touch_owed(sid, now)
                 counts["owed"] += 1
 
-    dispatched = r.zrangebyscore(k.dispatched, "-inf", cutoff, start=0, num=200, withscores=True)
+    dispatched = cast(
+        "list[tuple[str, float]]", r.zrangebyscore(k.dispatched, "-inf", cutoff, start=0, num=200, withscores=True)
+    )
     if dispatched:
         pipe = r.pipeline(transaction=False)
         for member, _ in dispatched:
@@ -195,7 +198,8 @@ _services: WorkerServices | None = None
 _embedded: EmbeddedRedis | None = None
 
 
-@worker_init.connect
+# Celery is untyped: its decorators would leave the handlers untyped.
+@worker_init.connect  # type: ignore[untyped-decorator]
 def _on_worker_init(**_: Any) -> None:
     global _embedded
     if settings.embedded:
@@ -212,7 +216,7 @@ def _on_worker_init(**_: Any) -> None:
     gc.freeze()
 
 
-@worker_ready.connect
+@worker_ready.connect  # type: ignore[untyped-decorator]
 def _on_worker_ready(sender: Any = None, **_: Any) -> None:
     global _services
     name = getattr(sender, "hostname", None) or f"worker@{socket.gethostname()}:{os.getpid()}"
@@ -221,7 +225,7 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
     _services.start()
 
 
-@worker_shutdown.connect
+@worker_shutdown.connect  # type: ignore[untyped-decorator]
 def _on_worker_shutdown(**_: Any) -> None:
     global _embedded
     if _services is not None:

@@ -22,7 +22,7 @@ def publish_after_step(dispatcher: Dispatcher, session_id: str, result: StepResu
         dispatcher.step(session_id, result.version)
 
 
-@app.task(
+@app.task(  # type: ignore[untyped-decorator]  # Celery is untyped
     name=STEP_TASK,
     bind=True,
     ignore_result=True,
