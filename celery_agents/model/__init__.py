@@ -39,6 +39,22 @@ from celery_agents.model.turns import (
     UserTurn,
 )
 
+
+def build_schemas() -> None:
+    """Build every model's validator now; models of the agent file and the turns are otherwise
+    built on first use. A worker calls this once before forking its pool processes, which then
+    share them instead of each building its own."""
+    from pydantic import BaseModel
+
+    from celery_agents.model import agent, calls, session, turns
+
+    for module in (agent, calls, session, turns):
+        for value in vars(module).values():
+            defined_here = isinstance(value, type) and value.__module__ == module.__name__
+            if defined_here and issubclass(value, BaseModel) and not value.__pydantic_complete__:
+                value.model_rebuild()
+
+
 __all__ = [
     "DISPOSITION_TAGS",
     "FINAL_STATES",
@@ -69,6 +85,7 @@ __all__ = [
     "UserQuery",
     "UserTurn",
     "agent_json_schema",
+    "build_schemas",
     "call_field",
     "load_agent_file",
     "parse_agent",

@@ -23,7 +23,9 @@ _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
 class _Spec(BaseModel):
-    model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=True)
+    # defer_build: a schema is built on first use, so commands that read no agent file (`pending`,
+    # `show`, `complete`) do not pay for building every agent-file schema when they start.
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=True, defer_build=True)
 
 
 class Limits(_Spec):
@@ -33,7 +35,7 @@ class Limits(_Spec):
     (`runIsolated`) run through rlimits.
     """
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True, defer_build=True)
 
     memory_mb: int | None = Field(default=None, alias="memoryMb", gt=0)
     cpu_seconds: int | None = Field(default=None, alias="cpuSeconds", gt=0)

@@ -15,7 +15,7 @@ from celery_agents.model.calls import TrackedCall
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", defer_build=True)  # built on first use (see agent._Spec)
 
 
 class Usage(_Model):

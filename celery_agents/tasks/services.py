@@ -16,7 +16,7 @@ from typing import Any, cast
 from celery.signals import worker_init, worker_ready, worker_shutdown
 
 from celery_agents.config import Settings
-from celery_agents.model import TrackedCall
+from celery_agents.model import TrackedCall, build_schemas
 from celery_agents.runtime.completions import CompletionConsumer
 from celery_agents.store import EmbeddedRedis, Store
 from celery_agents.tasks.celery_app import app, settings
@@ -209,6 +209,7 @@ def _on_worker_init(**_: Any) -> None:
     from celery_agents.llm.adapter import warm_up
 
     warm_up()
+    build_schemas()
     # What is loaded by now lives as long as the process: keep it out of the collector's sight.
     # Forked pool processes then share those pages instead of copying them when a collection
     # touches them, and a stopping process skips collecting them (exit ~1.3 s → ~0.05 s each).

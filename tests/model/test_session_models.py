@@ -204,3 +204,21 @@ def test_session_view_json_has_the_contract_keys() -> None:
     assert data["state"] == "ready" and data["pending"] == [] and data["response"] is None
     assert "turns" not in data and "calls" not in data
     json.dumps(data)
+
+
+def test_build_schemas_leaves_no_model_to_build_on_first_use() -> None:
+    import pydantic
+
+    from celery_agents.model import agent, build_schemas, calls, session, turns
+
+    build_schemas()
+    unbuilt = [
+        name
+        for module in (agent, calls, session, turns)
+        for name, value in vars(module).items()
+        if isinstance(value, type)
+        and value.__module__ == module.__name__
+        and issubclass(value, pydantic.BaseModel)
+        and not value.__pydantic_complete__
+    ]
+    assert unbuilt == []
