@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from celery_agents.tasks.config import QUEUES
+from celery_agents.tasks.queues import QueueProbe
 
 
 def _redact(url: str) -> str:
@@ -85,7 +86,9 @@ def diagnose(client: Any) -> dict[str, Any]:
             + ("" if workers or client.inline else " — start one with `agents worker`"),
         }
     )
-    queues = {q: int(r.llen(f"{k.celery_prefix}{q}")) for q in QUEUES}
+    probe = QueueProbe(settings, r)
+    queues = {q: head.depth for q, head in probe.heads(QUEUES).items()}
+    probe.close()
     now = time.time()
     owed = int(r.zcount(k.owed, "-inf", "+inf"))
     stuck = int(r.zcount(k.owed, "-inf", int((now - settings.owed_grace) * 1000)))
@@ -135,7 +138,11 @@ def render(report: dict[str, Any]) -> None:
     for c in report["checks"]:
         mark = "[green]ok[/]" if c["ok"] else "[yellow]!![/]"
         err.print(f"{mark} {c['name']}: {c['detail']}")
-    err.print("queues: " + ", ".join(f"{q} {n}" for q, n in report["queues"].items()))
+    err.print(
+        "queues: "
+        + ", ".join(f"{q} {'?' if n is None else n}" for q, n in report["queues"].items())
+        + (" (the broker could not be read)" if None in report["queues"].values() else "")
+    )
     err.print("sessions: " + ", ".join(f"{s} {n}" for s, n in report["sessions"].items()))
     err.print(
         f"pending calls {report['pending_calls']}, overdue deadlines {report['overdue_deadlines']}, "

@@ -6,7 +6,6 @@ time limits below the broker's visibility timeout, broker keys under `<prefix>:c
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -15,6 +14,7 @@ from celery import Celery
 from celery_agents.config import Settings
 from celery_agents.model import TrackedCall
 from celery_agents.store import Keys, broker_url
+from celery_agents.tasks.queues import PUBLISHED_MS
 
 STEP_TASK = "celery_agents.step"
 CALL_TASK = "celery_agents.run_call"
@@ -117,21 +117,5 @@ class Dispatcher:
         )
 
 
-#: a message header: when it was published (ms since the epoch, the publisher's clock). The
-#: sweeper reads it off the oldest message of a queue to tell "still waiting" from "lost".
-PUBLISHED_MS = "agents_published_ms"
-
-
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def oldest_published_ms(raw_message: str | None) -> int | None:
-    """When the oldest message waiting in a queue (`LINDEX <queue> -1`) was published, if it says."""
-    if not raw_message:
-        return None
-    try:
-        value = json.loads(raw_message).get("headers", {}).get(PUBLISHED_MS)
-    except (ValueError, AttributeError):
-        return None
-    return value if isinstance(value, int) else None

@@ -20,13 +20,16 @@ from celery_agents.model import TrackedCall, build_schemas
 from celery_agents.runtime.completions import CompletionConsumer
 from celery_agents.store import EmbeddedRedis, Store
 from celery_agents.tasks.celery_app import app, settings
-from celery_agents.tasks.config import Dispatcher, oldest_published_ms
+from celery_agents.tasks.config import Dispatcher
 from celery_agents.tasks.context import worker_context
+from celery_agents.tasks.queues import QueueProbe
 
 log = logging.getLogger("celery_agents.services")
 
 
-def sweep_once(store: Store, dispatcher: Dispatcher, settings: Settings, now: float | None = None) -> dict[str, int]:
+def sweep_once(
+    store: Store, dispatcher: Dispatcher, settings: Settings, now: float | None = None, probe: QueueProbe | None = None
+) -> dict[str, int]:
     """Publish again what nobody will run, and expire due deadlines; returns counts.
 
     An owed step (or dispatched call) is published again when a worker picked it up and its lease
@@ -45,20 +48,21 @@ def sweep_once(store: Store, dispatcher: Dispatcher, settings: Settings, now: fl
     margin_ms = int(settings.owed_grace * 1000)
 
     # The client decodes replies (store/connection.py): members are `str`, where redis-py says `bytes | str`.
+    heads = (probe or QueueProbe(settings, r)).heads(["steps", "tools", "isolated"])
+
     owed = cast("list[tuple[str, float]]", r.zrangebyscore(k.owed, "-inf", cutoff, start=0, num=200, withscores=True))
     if owed:
         pipe = r.pipeline(transaction=False)
         for sid, _ in owed:
             pipe.hmget(k.meta(sid), ["version", "status", "owed_version", "picked"])
             pipe.exists(k.lease(sid))
-        pipe.lindex(f"{k.celery_prefix}steps", -1)
         rows = pipe.execute()
-        waiting = _QueueHead(rows[-1], margin_ms)
+        waiting = heads["steps"]
         for i, (sid, score) in enumerate(owed):
             (version, status, owed_version, picked), leased = rows[2 * i], rows[2 * i + 1]
             if version is None or status != "active" or owed_version != version:
                 r.zrem(k.owed, sid)
-            elif not leased and (picked == version or waiting.cannot_hold(score) or score <= lost_cutoff):
+            elif not leased and (picked == version or waiting.cannot_hold(score, margin_ms) or score <= lost_cutoff):
                 dispatcher.step(sid, int(version), request="sweeper")
                 store.touch_owed(sid, now)
                 counts["owed"] += 1
@@ -74,10 +78,8 @@ def sweep_once(store: Store, dispatcher: Dispatcher, settings: Settings, now: fl
             pipe.exists(k.call_lease(sid, field))
             pipe.exists(k.call_started(sid, field))
             pipe.hget(k.calls(sid), field)
-        pipe.lindex(f"{k.celery_prefix}tools", -1)
-        pipe.lindex(f"{k.celery_prefix}isolated", -1)
         rows = pipe.execute()
-        heads = {"runAsync": _QueueHead(rows[-2], margin_ms), "runIsolated": _QueueHead(rows[-1], margin_ms)}
+        by_disposition = {"runAsync": heads["tools"], "runIsolated": heads["isolated"]}
         for i, (member, score) in enumerate(dispatched):
             sid, field = member.split(" ", 1)
             is_pending, leased, started, raw = rows[4 * i : 4 * i + 4]
@@ -85,8 +87,8 @@ def sweep_once(store: Store, dispatcher: Dispatcher, settings: Settings, now: fl
                 r.zrem(k.dispatched, member)
                 continue
             call = TrackedCall.model_validate_json(raw)
-            head = heads.get(call.disposition)
-            if not leased and (started or head is None or head.cannot_hold(score) or score <= lost_cutoff):
+            head = by_disposition.get(call.disposition)
+            if not leased and (started or head is None or head.cannot_hold(score, margin_ms) or score <= lost_cutoff):
                 dispatcher.call(sid, call)
                 store.touch_dispatched(sid, field, now)
                 counts["redispatched"] += 1
@@ -97,21 +99,6 @@ def sweep_once(store: Store, dispatcher: Dispatcher, settings: Settings, now: fl
             if finished.woken:
                 dispatcher.step(sid, finished.version, "expired")
     return counts
-
-
-class _QueueHead:
-    """The oldest message waiting in a queue, as far as the sweeper needs it."""
-
-    def __init__(self, raw_oldest: str | None, margin_ms: int) -> None:
-        self.empty = raw_oldest is None
-        self.published_ms = oldest_published_ms(raw_oldest)
-        self.margin_ms = margin_ms
-
-    def cannot_hold(self, committed_ms: float) -> bool:
-        """Whether a message published right after `committed_ms` cannot still be waiting here."""
-        if self.empty:
-            return True
-        return self.published_ms is not None and self.published_ms > committed_ms + self.margin_ms
 
 
 class WorkerServices:
@@ -139,20 +126,24 @@ class WorkerServices:
 
     def _loop(self) -> None:
         dispatcher = Dispatcher(app)
+        probe: QueueProbe | None = None
         while not self._stop.is_set():
             try:
                 store = worker_context(self.settings).store
+                probe = probe or QueueProbe(self.settings, store.client)
                 now = time.time()
                 beat = {"pid": os.getpid(), "host": socket.gethostname(), "at": now, "queues": self.queues}
                 store.client.hset(store.keys.workers, self.name, json.dumps(beat))
                 lock_ms = max(100, int(self.settings.sweep_interval * 900))
                 if store.client.set(store.keys.lock("sweeper"), self.name, nx=True, px=lock_ms):
-                    counts = sweep_once(store, dispatcher, self.settings, now)
+                    counts = sweep_once(store, dispatcher, self.settings, now, probe)
                     if any(counts.values()):
                         log.info("sweep: %s", counts)
             except Exception:
                 log.exception("worker services sweep failed")
             self._stop.wait(self.settings.sweep_interval)
+        if probe is not None:
+            probe.close()
 
     def _consume(self) -> None:
         """Apply completions other systems XADD to the `completions` stream, as they arrive.
