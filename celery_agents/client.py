@@ -378,7 +378,12 @@ class Client:
             return False
         if h.state in (State.READY, State.TOOLS):
             return h.drive != "auto"
-        return all(c.disposition == "defer" for c in store.pending_calls(session_id))
+        pending = store.pending_calls(session_id)
+        if not pending:
+            # Its last call finished after the header was read: the session has moved on (in auto
+            # drive a step follows), so look again at the next event or tick.
+            return False
+        return all(c.disposition == "defer" for c in pending)
 
     def _wait(
         self,

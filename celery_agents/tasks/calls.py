@@ -13,6 +13,7 @@ from celery_agents.runtime import run_call
 from celery_agents.tasks.celery_app import app, settings
 from celery_agents.tasks.config import CALL_TASK, ISOLATED_TASK, Dispatcher
 from celery_agents.tasks.context import worker_context
+from celery_agents.tasks.recycle import leave_if_outrun
 
 
 def _run(task: Any, session_id: str, field: str, isolated: bool) -> str:
@@ -22,6 +23,7 @@ def _run(task: Any, session_id: str, field: str, isolated: bool) -> str:
     res = run_call(ctx.store, session_id, field, tools, owner)
     if res.finished is not None and res.finished.woken:
         Dispatcher(app).step(session_id, res.finished.version)
+    leave_if_outrun()
     return res.status
 
 

@@ -10,6 +10,7 @@ from celery_agents.runtime.faults import checkpoint
 from celery_agents.tasks.celery_app import app, settings
 from celery_agents.tasks.config import STEP_TASK, Dispatcher
 from celery_agents.tasks.context import worker_context
+from celery_agents.tasks.recycle import leave_if_outrun
 
 
 def publish_after_step(dispatcher: Dispatcher, session_id: str, result: StepResult) -> None:
@@ -38,4 +39,5 @@ def step(self: Any, session_id: str, expected_version: int, request: str = "") -
     if result.outcome == "committed":
         checkpoint("after_commit", ctx.store, session_id)
     publish_after_step(Dispatcher(app), session_id, result)
+    leave_if_outrun()
     return result.outcome

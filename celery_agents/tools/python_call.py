@@ -3,7 +3,8 @@
 Either way the answer is an envelope: `{"ok": true, "value": ...}` or `{"ok": false, "kind":
 "load" | "arguments" | "exception", "error": ..., "retryable": ...}`. An exception marks itself
 retryable with a `retryable = True` attribute. In the worker the call runs in a thread so the
-timeout can be reported; such a thread cannot be killed and runs on (runIsolated kills).
+timeout can be reported; such a thread cannot be killed and runs on until the worker's pool
+process that holds it is replaced after its task (runIsolated kills).
 """
 
 from __future__ import annotations
@@ -62,15 +63,32 @@ def call_function(spec: str, arguments: Any) -> dict[str, Any]:
     return {"ok": True, "value": jsonable(value)}
 
 
+_overrun: list[threading.Thread] = []
+_overrun_lock = threading.Lock()
+
+
 def call_in_thread(spec: str, arguments: Any, timeout: float) -> dict[str, Any] | None:
-    """The envelope, or None when the call did not finish within `timeout` seconds."""
+    """The envelope, or None when the call did not finish within `timeout` seconds (the thread
+    then runs on: see `overrunning_calls`)."""
     box: list[dict[str, Any]] = []
     thread = threading.Thread(
         target=lambda: box.append(call_function(spec, arguments)), name=f"tool:{spec}", daemon=True
     )
     thread.start()
     thread.join(timeout)
-    return box[0] if box else None
+    if box:
+        return box[0]
+    with _overrun_lock:
+        _overrun.append(thread)
+    return None
+
+
+def overrunning_calls() -> list[str]:
+    """The python tool calls of this process still running past their timeout (a thread cannot be
+    killed; a worker's pool process leaves after its task so that the pool starts a fresh one)."""
+    with _overrun_lock:
+        _overrun[:] = [t for t in _overrun if t.is_alive()]
+        return [t.name.removeprefix("tool:") for t in _overrun]
 
 
 def child_request(spec: str, arguments: Any, path: list[str], output_cap: int) -> bytes:

@@ -79,3 +79,12 @@ def allocate(megabytes: int) -> int:
 def write_file(path: str) -> str:
     Path(path).write_text("written by a tool")
     return "wrote it"
+
+
+def spin(pidfile: str) -> str:
+    """Never returns (a tool that ignores its timeout); says which process it runs in."""
+    import time
+
+    Path(pidfile).write_text(str(os.getpid()))
+    while True:
+        time.sleep(0.01)
