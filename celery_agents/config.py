@@ -44,6 +44,8 @@ class Settings:
     #: an owed step or call never picked up is published again after this long even while its
     #: queue is busy (sooner when the queue is empty)
     lost_grace: float = 300.0
+    #: clock skew tolerated between hosts when the sweeper compares publish times
+    skew_margin: float = 10.0
     #: events kept per session (approximate cap of the stream)
     events_maxlen: int = 2000
     #: how often (seconds) the broker puts back messages unacknowledged past the visibility timeout
@@ -69,6 +71,7 @@ class Settings:
             sweep_interval=_float_env("AGENTS_SWEEP_INTERVAL", 1.0),
             owed_grace=_float_env("AGENTS_OWED_GRACE", 10.0),
             lost_grace=_float_env("AGENTS_LOST_GRACE", 300.0),
+            skew_margin=_float_env("AGENTS_CLOCK_SKEW", 10.0),
             restore_interval=_float_env("AGENTS_RESTORE_INTERVAL", 10.0),
         )
         return replace(s, **overrides) if overrides else s  # type: ignore[arg-type]

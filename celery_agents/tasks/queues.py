@@ -1,10 +1,10 @@
 """What waits in the work queues (`steps`, `tools`, `isolated`), whatever the broker.
 
-With the state Redis as the broker (the default) a queue is a list under `<prefix>:celery:`: its
-length and its oldest message (which carries its publish time, see `config.PUBLISHED_MS`) are
-read in one pipeline. With another broker (`AGENTS_BROKER_URL`: RabbitMQ, another Redis) the
-depth comes from a passive queue declaration through kombu, and the oldest message's publish time
-is unknown. The sweeper uses this to tell a message still waiting from one that was lost; doctor
+With a Redis broker (the state Redis by default, or another named by `AGENTS_BROKER_URL`) a
+queue is a list under `<prefix>:celery:`: its length and its oldest message (which carries its
+publish time, see `PUBLISHED_MS`) are read in one pipeline. With another kind of broker
+(RabbitMQ) the depth comes from a passive queue declaration through kombu, and the oldest
+message's publish time is unknown. The sweeper uses this to tell a message still waiting from one that was lost; doctor
 shows the depths.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 import redis
 
 from celery_agents.config import Settings
-from celery_agents.store import Keys
+from celery_agents.store import Keys, client_for_url
 
 log = logging.getLogger(__name__)
 
@@ -62,21 +62,30 @@ class QueueProbe:
         self.settings = settings
         self.state = state
         self._connection: Any = None
+        self._broker_redis: redis.Redis | None = None
 
     def heads(self, names: Iterable[str]) -> dict[str, QueueHead]:
         names = list(names)
-        if not self.settings.broker_url:
-            return self._redis_heads(names)
+        broker = self.settings.broker_url
         try:
+            if not broker:
+                return self._redis_heads(self.state, names)
+            if broker.split("://", 1)[0] in _REDIS_SCHEMES:
+                if self._broker_redis is None:
+                    url = "unix://" + broker.split("://", 1)[1] if broker.startswith("redis+socket://") else broker
+                    self._broker_redis = client_for_url(url)
+                return self._redis_heads(self._broker_redis, names)
             return self._broker_heads(names)
         except Exception as exc:  # an unreachable broker: unknown, so nothing counts as lost early
+            if not broker:
+                raise
             log.warning("cannot read the broker's queues: %s", exc)
             self.close()
             return {n: QueueHead(None) for n in names}
 
-    def _redis_heads(self, names: list[str]) -> dict[str, QueueHead]:
+    def _redis_heads(self, client: redis.Redis, names: list[str]) -> dict[str, QueueHead]:
         prefix = Keys(self.settings.prefix).celery_prefix
-        pipe = self.state.pipeline(transaction=False)
+        pipe = client.pipeline(transaction=False)
         for name in names:
             pipe.llen(f"{prefix}{name}")
             pipe.lindex(f"{prefix}{name}", -1)
@@ -100,8 +109,10 @@ class QueueProbe:
             try:
                 _, depth, _ = channel.queue_declare(queue=name, passive=True)
                 out[name] = QueueHead(int(depth))
-            except ChannelError:  # not declared yet: no worker or publisher has used it
-                out[name] = QueueHead(0)
+            except ChannelError as exc:
+                # Not declared yet (no worker or publisher has used it): nothing waits. Anything
+                # else (access refused...) leaves the depth unknown.
+                out[name] = QueueHead(0 if _not_found(exc) else None)
             finally:
                 with contextlib.suppress(Exception):
                     channel.close()
@@ -112,3 +123,16 @@ class QueueProbe:
             with contextlib.suppress(Exception):
                 self._connection.release()
             self._connection = None
+        if self._broker_redis is not None:
+            with contextlib.suppress(Exception):
+                self._broker_redis.close()
+            self._broker_redis = None
+
+
+#: broker URL schemes of kombu's Redis transport: its queues are lists, read directly
+_REDIS_SCHEMES = {"redis", "rediss", "redis+socket"}
+
+
+def _not_found(exc: BaseException) -> bool:
+    code = getattr(exc, "reply_code", None) or getattr(exc, "code", None)
+    return code == 404 or str(code) == "404" or "NOT_FOUND" in str(exc)

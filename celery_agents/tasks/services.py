@@ -22,7 +22,7 @@ from celery_agents.store import EmbeddedRedis, Store
 from celery_agents.tasks.celery_app import app, settings
 from celery_agents.tasks.config import Dispatcher
 from celery_agents.tasks.context import worker_context
-from celery_agents.tasks.queues import QueueProbe
+from celery_agents.tasks.queues import QueueHead, QueueProbe
 
 log = logging.getLogger("celery_agents.services")
 
@@ -43,12 +43,24 @@ def sweep_once(
     k = store.keys
     r = store.client
     cutoff, lost_cutoff = int((now - settings.owed_grace) * 1000), int((now - settings.lost_grace) * 1000)
-    # Publishing follows the commit within milliseconds; the margin also absorbs clock skew between
-    # the committing worker and the one that published the queue's oldest message.
-    margin_ms = int(settings.owed_grace * 1000)
+    # Publishing follows the commit within milliseconds; the margin absorbs clock skew between the
+    # committing worker and the one that published the queue's oldest message.
+    margin_ms = int(settings.skew_margin * 1000)
+
+    heads = {}
+    pipe = r.pipeline(transaction=False)
+    pipe.zcount(k.owed, "-inf", cutoff)
+    pipe.zcount(k.dispatched, "-inf", cutoff)
+    if any(pipe.execute()):
+        # Read before the candidates: a message taken from its queue meanwhile then still counts
+        # as possibly waiting, never as lost.
+        own_probe = probe is None
+        probe = probe or QueueProbe(settings, r)
+        heads = probe.heads(["steps", "tools", "isolated"])
+        if own_probe:
+            probe.close()
 
     # The client decodes replies (store/connection.py): members are `str`, where redis-py says `bytes | str`.
-    heads = (probe or QueueProbe(settings, r)).heads(["steps", "tools", "isolated"])
 
     owed = cast("list[tuple[str, float]]", r.zrangebyscore(k.owed, "-inf", cutoff, start=0, num=200, withscores=True))
     if owed:
@@ -57,7 +69,7 @@ def sweep_once(
             pipe.hmget(k.meta(sid), ["version", "status", "owed_version", "picked"])
             pipe.exists(k.lease(sid))
         rows = pipe.execute()
-        waiting = heads["steps"]
+        waiting = heads.get("steps", QueueHead(None))
         for i, (sid, score) in enumerate(owed):
             (version, status, owed_version, picked), leased = rows[2 * i], rows[2 * i + 1]
             if version is None or status != "active" or owed_version != version:
@@ -79,7 +91,8 @@ def sweep_once(
             pipe.exists(k.call_started(sid, field))
             pipe.hget(k.calls(sid), field)
         rows = pipe.execute()
-        by_disposition = {"runAsync": heads["tools"], "runIsolated": heads["isolated"]}
+        unknown = QueueHead(None)
+        by_disposition = {"runAsync": heads.get("tools", unknown), "runIsolated": heads.get("isolated", unknown)}
         for i, (member, score) in enumerate(dispatched):
             sid, field = member.split(" ", 1)
             is_pending, leased, started, raw = rows[4 * i : 4 * i + 4]

@@ -4,7 +4,8 @@ rlimits bound each process on its own (address space, and processes per uid); a 
 can still use `memoryMb` in every child. Where the worker may create control groups (root, with
 the memory and pids controllers mounted writable: cgroup v1, or a v2 hierarchy whose worker cgroup
 can delegate), each runIsolated run gets a cgroup of its own below the worker's, with `memoryMb`
-as the limit of all its processes together (swap included), `processes` as their count, and the
+as the limit of all its processes together (swap too, where the kernel accounts it),
+`processes` as their count (bubblewrap's own two processes added), and the
 kernel's OOM kills counted, so that a run killed for memory says so. Elsewhere runs go without
 (`memory_scope` in the call's meta says which); `AGENTS_SANDBOX_CGROUP=off` turns it off.
 """
@@ -16,6 +17,7 @@ import errno
 import logging
 import os
 import secrets
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,8 +101,10 @@ class RunCgroup:
         return 0
 
     def remove(self) -> None:
-        """Remove the run's cgroups once its processes are gone (they may take a moment to exit)."""
+        """Kill what is left of the run (the supervisor normally has), then remove its cgroups
+        (exiting processes may take a moment to leave them)."""
         for folder in dict.fromkeys(self.folders.values()):
+            _kill_members(folder)
             for attempt in range(50):
                 try:
                     folder.rmdir()
@@ -183,6 +187,18 @@ class Cgroups:
             run.remove()
             return None
         return run
+
+
+def _kill_members(folder: Path) -> None:
+    kill = folder / "cgroup.kill"  # cgroup v2 (Linux 5.14+): the whole cgroup at once
+    with contextlib.suppress(OSError):
+        if kill.exists():
+            kill.write_text("1")
+            return
+    with contextlib.suppress(OSError, ValueError):
+        for pid in (folder / "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError):
+                os.kill(int(pid), signal.SIGKILL)
 
 
 def _limit(version: int, folders: dict[str, Path], memory_mb: int | None, processes: int | None) -> None:

@@ -49,6 +49,8 @@ ALLOWED_ENV = ("PATH", "LANG")
 _UID_BASE, _UID_SPAN = 200_000_000, 1 << 24
 #: extra seconds the worker waits for the supervisor beyond the tool's own timeout and grace
 _BACKSTOP = 5.0
+#: processes of bubblewrap's own in a run's cgroup: bwrap, and its init (pid 1 of the namespace)
+_BWRAP_PROCESSES = 2
 
 
 class SandboxUnavailable(Exception):
@@ -246,7 +248,10 @@ class Sandbox:
                     f"kept the worker's uid: {hidden[0]} is not readable by other users "
                     "(install bubblewrap, or keep tools in folders others can read)"
                 )
-        cgroup = self.cgroups.create(limits.memory_mb, limits.processes)
+        processes = limits.processes
+        if processes and wrap is not None:
+            processes += _BWRAP_PROCESSES  # bubblewrap itself and its pid 1 are in the cgroup too
+        cgroup = self.cgroups.create(limits.memory_mb, processes)
         oom_kills = 0
         status_r, status_w = os.pipe()
         try:

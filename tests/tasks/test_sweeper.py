@@ -1,6 +1,7 @@
 """The sweeper (`tasks.services.sweep_once`) on real Redis with real Celery publishing: work lost
 between commit and publish goes again soon even while its queue is busy; work that may still be
-waiting in the queue is left alone until `lost_grace`."""
+waiting in the queue is left alone until `lost_grace`. (Another kind of broker: see
+tests/e2e/test_other_broker.py.)"""
 
 from __future__ import annotations
 
@@ -18,9 +19,11 @@ from celery_agents.tasks.services import sweep_once
 from tests.store.scenario import start, waiting_on
 
 
-@pytest.fixture
-def sweeper_settings(settings: Settings) -> Settings:
-    return replace(settings, owed_grace=1.0, lost_grace=300.0)
+@pytest.fixture(params=["state-redis", "broker-url"])
+def sweeper_settings(request: pytest.FixtureRequest, settings: Settings) -> Settings:
+    """The broker is the state Redis, or the same Redis named again by `AGENTS_BROKER_URL`."""
+    broker = settings.redis_url if request.param == "broker-url" else None
+    return replace(settings, owed_grace=1.0, lost_grace=300.0, skew_margin=1.0, broker_url=broker)
 
 
 @pytest.fixture

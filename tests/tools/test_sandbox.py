@@ -261,3 +261,28 @@ def test_children_together_cannot_go_past_the_memory_limit(isolated: ToolRunner,
     ok = run_tool(isolated, make_agent([tool("small", "print(len(bytearray(100 * 1024 * 1024)))")]), "small")
     assert ok.state == "completed" and ok.result == 104857600 and "oom_kills" not in ok.meta, ok.error
     assert isolated.sandbox.cgroups.leftovers() == []
+
+
+def test_a_limit_of_one_process_still_runs_the_tool(isolated: ToolRunner, level: str) -> None:
+    agent = make_agent(
+        [tool("single", "print('alone')", limits={"processes": 1}), tool("forks", _FORK_ONCE, limits={"processes": 1})]
+    )
+    out = run_tool(isolated, agent, "single")
+    assert out.state == "completed" and out.result == "alone", (out.error, out.meta)
+    forked = run_tool(isolated, agent, "forks")
+    if forked.meta.get("memory_scope") == "run":  # the cgroup counts the run's processes: no second one
+        assert forked.state == "completed" and forked.result == "refused", (forked.error, forked.meta)
+
+
+_FORK_ONCE = """
+import os
+try:
+    pid = os.fork()
+except OSError:
+    print("refused")
+else:
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    print("forked")
+"""
