@@ -89,6 +89,16 @@ def diagnose(client: Any) -> dict[str, Any]:
     probe = QueueProbe(settings, r)
     queues = {q: head.depth for q, head in probe.heads(QUEUES).items()}
     probe.close()
+    if settings.broker_url:
+        readable = None not in queues.values()
+        checks.append(
+            {
+                "name": "broker",
+                "ok": readable,
+                "detail": _redact(settings.broker_url)
+                + ("" if readable else " — cannot read its queues (is it up? are the credentials right?)"),
+            }
+        )
     now = time.time()
     owed = int(r.zcount(k.owed, "-inf", "+inf"))
     stuck = int(r.zcount(k.owed, "-inf", int((now - settings.owed_grace) * 1000)))
