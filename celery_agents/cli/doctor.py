@@ -126,7 +126,7 @@ def diagnose(client: Any) -> dict[str, Any]:
     )
     last_rejected = [{"id": eid, **fields} for eid, fields in (r.xrevrange(k.rejected, count=5) if rejected else [])]
     return {
-        "ok": all(c["ok"] for c in checks if c["name"] in ("redis", "workers", "owed steps")),
+        "ok": all(c["ok"] for c in checks if c["name"] in ("redis", "broker", "workers", "owed steps")),
         "mode": "inline" if client.inline else "queue",
         "prefix": settings.prefix,
         "checks": checks,
