@@ -9,6 +9,12 @@ from typing import Any
 from celery_agents.tasks.config import QUEUES
 from celery_agents.tasks.queues import QueueProbe
 
+_SANDBOX_PARTS = (
+    ("own_uid", "a uid per call"),
+    ("run_cgroup", "a cgroup per call (memory and processes of the whole run)"),
+    ("bubblewrap", "bubblewrap (filesystem and network hidden)"),
+)
+
 
 def _redact(url: str) -> str:
     return re.sub(r"//([^@/]*)@", "//***@", url)
@@ -86,6 +92,19 @@ def diagnose(client: Any) -> dict[str, Any]:
             + ("" if workers or client.inline else " — start one with `agents worker`"),
         }
     )
+    for w in workers:
+        box = w.get("sandbox")
+        if box is not None:
+            strengths = [name for key, name in _SANDBOX_PARTS if box.get(key)]
+            checks.append(
+                {
+                    "name": f"sandbox on {w['name']}",
+                    "ok": bool(box.get("bubblewrap")),  # a warning only: doctor does not fail on it
+                    "detail": "runIsolated calls get rlimits"
+                    + "".join(f", {s}" for s in strengths)
+                    + ("" if box.get("bubblewrap") else " — no bubblewrap: files and network stay reachable"),
+                }
+            )
     probe = QueueProbe(settings, r)
     queues = {q: head.depth for q, head in probe.heads(QUEUES).items()}
     probe.close()

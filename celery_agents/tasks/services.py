@@ -120,6 +120,7 @@ class WorkerServices:
         self.name = name
         self.queues = queues
         self._stop = threading.Event()
+        self._sandbox_info: dict[str, Any] | None = None
         self._thread = threading.Thread(target=self._loop, name="celery-agents-services", daemon=True)
         self._consumer = threading.Thread(target=self._consume, name="celery-agents-completions", daemon=True)
 
@@ -146,6 +147,8 @@ class WorkerServices:
                 probe = probe or QueueProbe(self.settings, store.client)
                 now = time.time()
                 beat = {"pid": os.getpid(), "host": socket.gethostname(), "at": now, "queues": self.queues}
+                if "isolated" in self.queues:
+                    beat["sandbox"] = self._sandbox()
                 store.client.hset(store.keys.workers, self.name, json.dumps(beat))
                 lock_ms = max(100, int(self.settings.sweep_interval * 900))
                 if store.client.set(store.keys.lock("sweeper"), self.name, nx=True, px=lock_ms):
@@ -157,6 +160,23 @@ class WorkerServices:
             self._stop.wait(self.settings.sweep_interval)
         if probe is not None:
             probe.close()
+
+    def _sandbox(self) -> dict[str, Any]:
+        """How this worker's runIsolated calls are confined (probed once), for `agents doctor`."""
+        if self._sandbox_info is None:
+            from celery_agents.tools.sandbox import Sandbox
+
+            box = Sandbox()
+            try:
+                bwrap = box.bwrap() is not None
+            except Exception:  # AGENTS_SANDBOX_BWRAP=require without bubblewrap: isolated calls fail
+                bwrap = False
+            self._sandbox_info = {
+                "bubblewrap": bwrap,
+                "own_uid": os.geteuid() == 0 and box.config.uid != "off",
+                "run_cgroup": box.cgroups.available(),
+            }
+        return self._sandbox_info
 
     def _consume(self) -> None:
         """Apply completions other systems XADD to the `completions` stream, as they arrive.

@@ -5,6 +5,7 @@ of call waits until `agents session run-isolated` runs it, and the session compl
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import uuid
@@ -18,6 +19,7 @@ import redis
 from celery_agents import Client
 from celery_agents.config import Settings
 from celery_agents.model import State
+from celery_agents.tools import Sandbox, SandboxConfig
 from tests.e2e.conftest import wait_for
 from tests.support.llm_server import LlmServer, calls, text
 from tests.support.workers import Worker, worker_env
@@ -172,3 +174,23 @@ def test_without_an_isolated_worker_run_isolated_runs_the_call(
     check_sandboxed(call)
     (answer,) = tool_answers(llm_server.requests[scenario][-1])
     assert answer["shout"] == "HELLO"
+
+
+def test_doctor_says_how_each_isolated_worker_confines_calls(
+    workers: None, redis_url: str, prefixes: dict[str, str], tmp_path: Path
+) -> None:
+    from tests.cli.process import agents, cli_env
+
+    full = agents("doctor", "--json", env=cli_env(redis_url, prefixes["full"], tmp_path / "home")).doc
+    [sandbox] = [c for c in full["checks"] if c["name"].startswith("sandbox on full-")]
+    [beat] = [w for w in full["workers"] if w["name"].startswith("full-")]
+    expected = {
+        "bubblewrap": Sandbox(SandboxConfig()).bwrap() is not None,
+        "own_uid": os.geteuid() == 0,
+        "run_cgroup": Sandbox(SandboxConfig()).cgroups.available(),
+    }
+    assert beat["sandbox"] == expected, "the worker probed what this machine offers"
+    assert ("bubblewrap (filesystem and network hidden)" in sandbox["detail"]) == expected["bubblewrap"]
+    assert ("a cgroup per call" in sandbox["detail"]) == expected["run_cgroup"]
+    other = agents("doctor", "--json", env=cli_env(redis_url, prefixes["no_isolated"], tmp_path / "home")).doc
+    assert not [c for c in other["checks"] if c["name"].startswith("sandbox on")], "it runs no isolated calls"
