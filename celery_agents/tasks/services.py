@@ -176,6 +176,12 @@ class WorkerServices:
                 "own_uid": os.geteuid() == 0 and box.config.uid != "off",
                 "run_cgroup": box.cgroups.available(),
             }
+            log.info(
+                "runIsolated calls here get: rlimits%s%s%s",
+                ", a uid per call" if self._sandbox_info["own_uid"] else "",
+                ", a cgroup per call" if self._sandbox_info["run_cgroup"] else "",
+                ", bubblewrap" if bwrap else " (no bubblewrap: files and network stay reachable)",
+            )
         return self._sandbox_info
 
     def _consume(self) -> None:
