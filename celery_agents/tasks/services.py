@@ -47,7 +47,7 @@ def sweep_once(
     # committing worker and the one that published the queue's oldest message.
     margin_ms = int(settings.skew_margin * 1000)
 
-    heads = {}
+    heads: dict[str, QueueHead] = {}
     pipe = r.pipeline(transaction=False)
     pipe.zcount(k.owed, "-inf", cutoff)
     pipe.zcount(k.dispatched, "-inf", cutoff)
@@ -61,7 +61,6 @@ def sweep_once(
             probe.close()
 
     # The client decodes replies (store/connection.py): members are `str`, where redis-py says `bytes | str`.
-
     owed = cast("list[tuple[str, float]]", r.zrangebyscore(k.owed, "-inf", cutoff, start=0, num=200, withscores=True))
     if owed:
         pipe = r.pipeline(transaction=False)
