@@ -9,7 +9,6 @@ offline demo agent, where no worker runs at all."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +19,7 @@ from tests.cli.probe import runs, tool_messages, write_probe_agent
 from tests.cli.process import CLI, DEMO_AGENT, agents, check_completion, check_view, cli_env, ok, poll
 from tests.e2e.conftest import start_workers
 from tests.support.llm_server import LlmServer, calls, text
-from tests.support.workers import Worker
+from tests.support.workers import Worker, pid_alive
 
 
 @pytest.fixture(scope="module")
@@ -100,14 +99,6 @@ def _server_pid(home: Path) -> int | None:
         return None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def test_iterative_flow_on_the_embedded_default(tmp_path: Path) -> None:
     home = tmp_path / "fresh-home"
     env = cli_env(None, "agents", home=home)
@@ -177,7 +168,7 @@ def test_iterative_flow_on_the_embedded_default(tmp_path: Path) -> None:
     # The data lives under AGENTS_HOME, and no redis-server outlives the commands that used it.
     assert (home / "appendonly.aof").exists() or (home / "appendonlydir").is_dir()  # redis 6 / 7 layouts
     pid = _server_pid(home)
-    assert pid is None or poll(lambda: not _alive(pid), "the embedded redis-server to stop", timeout=10)
+    assert pid is None or poll(lambda: not pid_alive(pid), "the embedded redis-server to stop", timeout=10)
     again = ok(agents("session", "list", "--json", env=env))
     assert [v["session_id"] for v in again["sessions"]] == [sid]
 
@@ -196,4 +187,4 @@ def test_parallel_commands_share_one_embedded_server(tmp_path: Path) -> None:
     listed = ok(agents("session", "list", "--json", env=env))["sessions"]
     assert {v["session_id"] for v in listed} == started and len(started) == 6
     pid = _server_pid(home)
-    assert pid is None or poll(lambda: not _alive(pid), "the embedded redis-server to stop", timeout=10)
+    assert pid is None or poll(lambda: not pid_alive(pid), "the embedded redis-server to stop", timeout=10)

@@ -4,7 +4,6 @@ completers, expiry, pause and cancel — on real workers."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from celery_agents.config import Settings
 from celery_agents.errors import TokenAlreadyCompleted, TokenCancelled, TokenExpired
 from tests.e2e.conftest import record_tool, runs, wait_for
 from tests.support.llm_server import LlmServer, calls, text
-from tests.support.workers import worker_env
+from tests.support.workers import pid_alive, worker_env
 
 pytestmark = pytest.mark.slow
 
@@ -244,15 +243,8 @@ def test_cancel_kills_the_running_tool_and_refuses_tokens(
         calls_now = {c.tool: c.state.value for c in store.calls(sid)}
         assert calls_now == {"slow_async": "cancelled", "ask_a": "cancelled"}
 
-        def gone(pid: int) -> bool:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return True
-            return False
-
         # The tool's process is killed (it would sleep a minute), and its worker lets go of the call.
-        wait_for(lambda: gone(started["pid"]), timeout=10, what="the running tool to be killed")
+        wait_for(lambda: not pid_alive(started["pid"]), timeout=10, what="the running tool to be killed")
         wait_for(lambda: not store.client.exists(store.keys.call_lease(sid, "1:0")), what="the call lease to go")
         assert runs(log, "slow_async", phase="end") == []
         assert {c.tool: c.state.value for c in store.calls(sid)} == calls_now

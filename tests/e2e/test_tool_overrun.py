@@ -4,7 +4,6 @@ replaced once its task has recorded the outcome, so the runaway does not live on
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -14,16 +13,9 @@ from celery_agents import Client
 from celery_agents.config import Settings
 from tests.e2e.conftest import wait_for
 from tests.support.llm_server import LlmServer, calls, text
+from tests.support.workers import pid_alive
 
 pytestmark = pytest.mark.slow
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_a_python_tool_past_its_timeout_does_not_outlive_its_pool_process(
@@ -49,7 +41,7 @@ def test_a_python_tool_past_its_timeout_does_not_outlive_its_pool_process(
         [call] = client.show(view.session_id).calls or []
         assert call["state"] == "failed" and "did not finish within 1 s" in call["error"], call
     pid = int(pidfile.read_text())
-    wait_for(lambda: not alive(pid), timeout=30, what=f"pool process {pid}, still running the tool, to be replaced")
+    wait_for(lambda: not pid_alive(pid), timeout=30, what=f"pool process {pid}, still running the tool, to be replaced")
     # The pool carries on with a fresh process.
     with Client(module_settings, inline=False) as client:
         again = client.start(agent, "spin", run=True, timeout=60)

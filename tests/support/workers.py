@@ -106,3 +106,12 @@ class Worker:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid still exists."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
