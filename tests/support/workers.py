@@ -1,4 +1,5 @@
-"""Real worker processes (`agents worker`, or `celery -A celery_agents.tasks worker`) for tests."""
+"""Real worker processes (`agents worker`: a supervisor, a threads-pool steps worker and a prefork
+tool worker) for tests."""
 
 from __future__ import annotations
 
@@ -43,6 +44,8 @@ class Worker:
         concurrency: int = 2,
         log: Path | None = None,
         name: str | None = None,
+        step_processes: int = 1,
+        step_threads: int | None = None,
     ) -> None:
         self.env = env
         self.name = name or f"w{os.getpid()}-{time.monotonic_ns()}@test"
@@ -57,7 +60,12 @@ class Worker:
             str(concurrency),
             "--name",
             self.name,
+            # One steps process (threads pool) per worker: tests start many workers on few cores.
+            "--step-processes",
+            str(step_processes),
         ]
+        if step_threads is not None:
+            self.args += ["--step-threads", str(step_threads)]
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
 
