@@ -200,9 +200,14 @@ def child_main(role: str, parent: int, ready_fd: int, argv: list[str]) -> None:
 
     services.run_as_child(role)
     if role == "steps":
+        from celery_agents.llm.adapter import size_http_pool
+
+        threads = int(argv[argv.index("-c") + 1])
         # Every thread may publish at once (the next step, dispatched calls): one broker
-        # connection each, instead of queueing for kombu's default 10.
-        app.conf.broker_pool_limit = int(argv[argv.index("-c") + 1]) + 4
+        # connection each, instead of queueing for kombu's default 10. And every thread may
+        # wait on the model at once.
+        app.conf.broker_pool_limit = threads + 4
+        size_http_pool(threads + 4)
     app.worker_main(argv)
 
 
