@@ -20,6 +20,17 @@ DispositionTag = Literal["runSync", "runAsync", "runIsolated", "defer"]
 DISPOSITION_TAGS: tuple[str, ...] = ("runSync", "runAsync", "runIsolated", "defer")
 
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+#: model parameters that would choose the endpoint or the key behind `apiBase`/`apiKeyEnv`'s back
+_ENDPOINT_PARAMS = ("api_key", "api_base", "base_url", "apiKey", "apiBase", "baseUrl")
+
+
+def _key_variable(value: str | None) -> str | None:
+    """`apiKeyEnv` names the variable holding a provider's key, never a worker setting."""
+    if value is not None and value.upper().startswith("AGENTS_"):
+        raise ValueError(
+            f"apiKeyEnv names {value}, a setting of the worker: name the variable holding the provider's key"
+        )
+    return value
 
 
 class _Spec(BaseModel):
@@ -267,6 +278,11 @@ class FallbackModel(_Spec):
             return {"model": value}
         return value
 
+    @field_validator("api_key_env")
+    @classmethod
+    def _api_key_env(cls, value: str | None) -> str | None:
+        return _key_variable(value)
+
 
 class AgentSpec(_Spec):
     """An agent file, validated. `base_dir` is the folder relative command paths resolve against.
@@ -313,6 +329,21 @@ class AgentSpec(_Spec):
     def _slug_shape(cls, value: str) -> str:
         if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", value):
             raise ValueError("a slug is 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
+        return value
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _api_key_env(cls, value: str | None) -> str | None:
+        return _key_variable(value)
+
+    @field_validator("model_params")
+    @classmethod
+    def _model_params(cls, value: dict[str, Any]) -> dict[str, Any]:
+        named = [k for k in _ENDPOINT_PARAMS if k in value]
+        if named:
+            raise ValueError(
+                f"modelParams may not set {', '.join(named)}: the endpoint is apiBase and the key is named by apiKeyEnv"
+            )
         return value
 
     @field_validator("model")
