@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from celery_agents.errors import InvalidAgentFile
+from celery_agents.model.limits import UnusableJson, check_depth, load_json
 
 DispositionTag = Literal["runSync", "runAsync", "runIsolated", "defer"]
 DISPOSITION_TAGS: tuple[str, ...] = ("runSync", "runAsync", "runIsolated", "defer")
@@ -471,6 +472,10 @@ def parse_agent(data: Any, source: str = "<agent>", base_dir: str | None = None)
     """Validate an agent given as a JSON value; raises `InvalidAgentFile`."""
     if not isinstance(data, dict):
         raise InvalidAgentFile(f"{source}: (top level): an agent file is a JSON object (give {{...}})")
+    try:
+        check_depth(data)
+    except UnusableJson as exc:
+        raise InvalidAgentFile(f"{source}: (top level): not a usable agent file: {exc}", file=source) from None
     if base_dir and "baseDir" not in data:
         data = {**data, "baseDir": base_dir}
     if any(k in data for k in ("toolboxes", "toolDirectory", "bashToolboxes")):
@@ -520,10 +525,12 @@ def load_agent_file(path: str | Path) -> AgentSpec:
     except (OSError, UnicodeDecodeError) as exc:
         raise InvalidAgentFile(f"{p}: cannot read it: {exc}", file=str(p)) from None
     try:
-        data = json.loads(raw)
+        data = load_json(raw)
     except json.JSONDecodeError as exc:
         raise InvalidAgentFile(
             f"{p}: line {exc.lineno} column {exc.colno}: not valid JSON: {exc.msg} (fix the JSON syntax)",
             file=str(p),
         ) from None
+    except UnusableJson as exc:
+        raise InvalidAgentFile(f"{p}: (top level): not a usable agent file: {exc}", file=str(p)) from None
     return parse_agent(data, str(p), base_dir=str(p.resolve().parent))
