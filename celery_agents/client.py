@@ -426,9 +426,7 @@ def check_prompt(query: UserQuery, max_bytes: int) -> None:
         raise InvalidInput("the prompt is empty: give -p TEXT, --file PATH or --media PATH")
     size = len(query.text.encode(errors="surrogatepass"))
     if size > max_bytes:
-        raise InvalidInput(
-            f"the prompt is {size} bytes, more than the limit of {max_bytes} (AGENTS_MAX_PROMPT_BYTES)"
-        )
+        raise InvalidInput(f"the prompt is {size} bytes, more than the limit of {max_bytes} (AGENTS_MAX_PROMPT_BYTES)")
 
 
 def _step_done(event: dict[str, Any] | None, version: int, request: str) -> bool:

@@ -71,7 +71,9 @@ def test_a_hostile_result_file_is_an_invalid_result(
         assert still.token == token, "the refused result changed nothing: the call still waits"
 
 
-def test_the_result_limit_is_a_setting(settings: Settings, write_agent: Any, redis_url: str, prefix: str, tmp_path: Path) -> None:
+def test_the_result_limit_is_a_setting(
+    settings: Settings, write_agent: Any, redis_url: str, prefix: str, tmp_path: Path
+) -> None:
     token = deferred_token(settings)
     result = tmp_path / "result.txt"
     result.write_text("x" * 2000)
