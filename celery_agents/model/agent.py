@@ -298,6 +298,8 @@ class AgentSpec(_Spec):
     api_key_env: str | None = Field(default=None, alias="apiKeyEnv")
     system_prompt: str | list[str] | None = Field(default=None, alias="systemPrompt")
     max_steps: int = Field(default=40, alias="maxSteps", ge=1, le=100_000)
+    #: calls of one model response that run; the ones beyond are answered with an error result
+    max_tool_calls_per_turn: int = Field(default=64, alias="maxToolCallsPerTurn", ge=1, le=10_000)
     tools: list[ToolSpec] = Field(default_factory=list)
     execution_mode: Literal["synchronous", "asynchronous"] | None = Field(default=None, alias="executionMode")
     tool_call_policy: ToolCallPolicy | None = Field(default=None, alias="toolCallPolicy")
