@@ -105,6 +105,16 @@ def diagnose(client: Any) -> dict[str, Any]:
                     + ("" if box.get("bubblewrap") else " — no bubblewrap: files and network stay reachable"),
                 }
             )
+    if not settings.embedded:
+        checks.append(
+            {
+                "name": "spec signing",
+                "ok": settings.spec_key is not None,  # a warning only: doctor does not fail on it
+                "detail": "agent specs are signed (AGENTS_SPEC_KEY)"
+                if settings.spec_key
+                else "AGENTS_SPEC_KEY is unset — whoever can write to this Redis can make workers run their code",
+            }
+        )
     probe = QueueProbe(settings, r)
     queues = {q: head.depth for q, head in probe.heads(QUEUES).items()}
     probe.close()

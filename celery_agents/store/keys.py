@@ -118,6 +118,10 @@ class Keys:
         """String: an agent spec (canonical JSON), stored once per content hash."""
         return f"{self.prefix}:agent:{content_hash}"
 
+    def agent_signature(self, content_hash: str) -> str:
+        """String: the HMAC-SHA256 of the spec under `agent(content_hash)` (AGENTS_SPEC_KEY)."""
+        return f"{self.prefix}:agent:{content_hash}:sig"
+
     @property
     def completions(self) -> str:
         """Stream other systems XADD completions to (`token`, `result`, `error`, `by`)."""

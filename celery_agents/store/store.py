@@ -27,6 +27,7 @@ from celery_agents.errors import (
     SessionNotAdvanceable,
     UnknownSession,
     UnknownToken,
+    UntrustedSpec,
 )
 from celery_agents.model import (
     AgentSpec,
@@ -46,6 +47,7 @@ from celery_agents.model import (
 )
 from celery_agents.store.keys import Keys
 from celery_agents.store.scripts import Scripts
+from celery_agents.store.signing import sign_spec, spec_verifies
 
 _SID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _SECRET = re.compile(r"^[A-Za-z0-9_-]{16,128}$")
@@ -231,9 +233,19 @@ class Store:
         """The agent spec stored under a hash, cached in this process (specs never change)."""
         spec = self._agents.get(content_hash)
         if spec is None:
-            raw = self.client.get(self.keys.agent(content_hash))
+            key = self.settings.spec_key
+            raw, signature = cast(
+                "list[str | None]",
+                self.client.mget([self.keys.agent(content_hash), self.keys.agent_signature(content_hash)]),
+            )
             if raw is None:
                 raise UnknownSession(f"the agent spec {content_hash} is missing from Redis")
+            if key is not None and not spec_verifies(key, raw, signature):
+                raise UntrustedSpec(
+                    f"the agent spec {content_hash} is not signed with this worker's AGENTS_SPEC_KEY: nothing of it "
+                    "runs (store it again through the CLI or the API with the key set)",
+                    agent_hash=content_hash,
+                )
             spec = AgentSpec.from_json(raw)
             self._agents[content_hash] = spec
         return spec
@@ -251,6 +263,7 @@ class Store:
     ) -> SessionHeader:
         now = time.time() if now is None else now
         sid = check_session_id(session_id) if session_id else new_session_id()
+        spec_json = agent.to_json()
         content_hash = agent.content_hash()
         header = SessionHeader(
             session_id=sid,
@@ -270,10 +283,11 @@ class Store:
             [
                 json.dumps(header_to_hash(header)),
                 turn.model_dump_json(exclude_none=True),
-                agent.to_json(),
+                spec_json,
                 "1" if owe else "0",
+                sign_spec(self.settings.spec_key, spec_json) if self.settings.spec_key else "",
             ],
-            extra_keys=(self.keys.agent(content_hash),),
+            extra_keys=(self.keys.agent(content_hash), self.keys.agent_signature(content_hash)),
             now=now,
         )
         if res[0] != "ok":
