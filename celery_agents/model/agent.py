@@ -64,6 +64,8 @@ class Disposition(_Spec):
     backoff_seconds: float | None = Field(default=None, alias="backoffSeconds", ge=0, le=600)
     truncate: int | None = Field(default=None, gt=0)
     limits: Limits | None = None
+    #: runIsolated: whether the run keeps the network (None: the tool's `network`, cut by default)
+    network: bool | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -127,7 +129,7 @@ class ToolSpec(_Spec):
     env: list[str] = Field(default_factory=list)
     #: resource limits of this tool's runs (a disposition's `limits` override them)
     limits: Limits | None = None
-    #: an isolated run under bubblewrap keeps the network (it is cut by default)
+    #: an isolated run keeps the network (it is cut by default; a policy rule's `network` wins)
     network: bool = False
 
     @model_validator(mode="before")

@@ -166,21 +166,25 @@ class WorkerServices:
             from celery_agents.tools.sandbox import Sandbox
 
             box = Sandbox()
-            try:
-                bwrap = box.bwrap() is not None
-            except Exception:  # AGENTS_SANDBOX_BWRAP=require without bubblewrap: isolated calls fail
-                bwrap = False
+            how = box.containment()  # None: every isolated call here fails, saying why
             self._sandbox_info = {
-                "bubblewrap": bwrap,
+                "contained": how is not None,
+                "bubblewrap": how == "bwrap",
+                "namespaces": how == "namespaces",
                 "own_uid": os.geteuid() == 0 and box.config.uid != "off",
                 "run_cgroup": box.cgroups.available(),
             }
-            log.info(
-                "runIsolated calls here get: rlimits%s%s%s",
-                ", a uid per call" if self._sandbox_info["own_uid"] else "",
-                ", a cgroup per call" if self._sandbox_info["run_cgroup"] else "",
-                ", bubblewrap" if bwrap else " (no bubblewrap: files and network stay reachable)",
-            )
+            if how is None:
+                log.error("%s", box.cannot_contain())
+            else:
+                log.info(
+                    "runIsolated calls here get: rlimits%s%s, %s",
+                    ", a uid per call" if self._sandbox_info["own_uid"] else "",
+                    ", a cgroup per call" if self._sandbox_info["run_cgroup"] else "",
+                    "bubblewrap" if how == "bwrap" else "namespaces of their own (no bubblewrap)",
+                )
+            if how is None:
+                self._sandbox_info["why"] = box.cannot_contain()
         return self._sandbox_info
 
     def _consume(self) -> None:
@@ -231,6 +235,11 @@ _embedded: EmbeddedRedis | None = None
 @worker_init.connect  # type: ignore[untyped-decorator]
 def _on_worker_init(**_: Any) -> None:
     global _embedded
+    from celery_agents.tools.sandbox import protect_process
+
+    # Before anything else: the worker's keys in its /proc/<pid>/environ are out of reach of tools
+    # running as its user (the pool processes forked from here inherit it).
+    protect_process()
     if settings.embedded:
         _embedded = EmbeddedRedis(settings.home).acquire()
     worker_context(settings).store.check_eviction()

@@ -106,15 +106,20 @@ class ToolRunner:
             return self._python(agent, tool, args, limits, timeout, session_id, call)
         if tool.script:
             script = resolve_argv([tool.script], agent.base_dir)[0]
-            argv, stdin = script_invocation(
-                script, list(tool.script_args) if tool.script_args is not None else None, args
-            )
+            declared = [script]
+            modes = list(tool.script_args) if tool.script_args is not None else None
+            invocation = script_invocation(script, modes, args)
+            if isinstance(invocation, str):
+                return CallOutcome(state="failed", attempts=0, error=invocation, meta={"invalid_arguments": True})
+            argv, stdin = invocation
             env = call_env(session_id, call, agents_exe=True)
         else:
-            argv = resolve_argv(list(tool.command or []), agent.base_dir)
+            argv = declared = resolve_argv(list(tool.command or []), agent.base_dir)
             stdin, env = json.dumps(args).encode(), call_env(session_id, call)
         if self.isolated:
-            needs = _program_paths(argv)
+            # What the sandbox lets the run reach comes from the agent file, never from the
+            # arguments the model chose.
+            needs = _program_paths(declared)
             readable = [*python_install(), *([agent.base_dir] if agent.base_dir else [])]
             run = self.sandbox.run(
                 argv,
@@ -123,7 +128,7 @@ class ToolRunner:
                 env_names=tool.env,
                 limits=limits,
                 timeout=timeout,
-                network=tool.network,
+                network=_network(tool, agent, call.tool),
                 readable=readable,
                 needs=needs,
             )
@@ -181,7 +186,7 @@ class ToolRunner:
             env_names=tool.env,
             limits=limits,
             timeout=timeout,
-            network=tool.network,
+            network=_network(tool, agent, call.tool),
             needs=[sys.executable, *paths],
         )
         proc = run.process
@@ -245,7 +250,14 @@ def _folder(agent: AgentSpec) -> str | None:
     return agent.base_dir if agent.base_dir and os.path.isdir(agent.base_dir) else None
 
 
+def _network(tool: ToolSpec, agent: AgentSpec, name: str) -> bool:
+    """Whether an isolated run keeps the network: its rule's `network`, else the tool's."""
+    chosen = disposition_for(agent, name).network
+    return tool.network if chosen is None else chosen
+
+
 def _program_paths(argv: list[str]) -> list[str]:
-    """What a sandboxed command cannot run without: its program and the files its argv names."""
+    """What a sandboxed command cannot run without: its program and the files its declared argv
+    names (the agent file's, not the model's)."""
     found = shutil.which(argv[0]) if argv else None
     return [*([found] if found else []), *(a for a in argv if os.path.isabs(a) and os.path.exists(a))]
