@@ -260,7 +260,11 @@ def _exec_tool(cfg: dict[str, Any]) -> None:
             # The namespaces' pid 1 is one more process of the uid.
             limits["RLIMIT_NPROC"] += _tasks_of_uid(os.getuid()) + (1 if cfg.get("namespaces") else 0)
         if cfg.get("namespaces"):
-            _isolate(cfg["namespaces"])
+            try:
+                _isolate(cfg["namespaces"])
+            except OSError as exc:
+                os.write(2, f"cannot create the run's namespaces: {exc}\n".encode())
+                os._exit(126)
         for name, value in limits.items():
             which = getattr(resource, name)
             soft, hard = (value, value) if isinstance(value, int) else value

@@ -214,7 +214,7 @@ class Sandbox:
                 self._namespaces = probe.process.exit_status == 0
                 if not self._namespaces:
                     why = probe.process.stderr.decode(errors="replace").strip() or f"exit {probe.process.exit_status}"
-                    self._why_not["namespaces"] = f"it cannot create namespaces ({why})"
+                    self._why_not["namespaces"] = why
         return self._namespaces
 
     def containment(self) -> str | None:
@@ -231,8 +231,9 @@ class Sandbox:
         reasons = "; ".join(self._why_not.get(k, "") for k in ("bwrap", "namespaces") if self._why_not.get(k))
         return (
             f"this worker cannot contain isolated calls, so it runs none: {reasons}. Install bubblewrap "
-            "(apt-get install bubblewrap), or run the worker as root, or allow unprivileged user "
-            "namespaces (sysctl kernel.unprivileged_userns_clone=1 and user.max_user_namespaces > 0)"
+            "(apt-get install bubblewrap) where it may create namespaces: allow unprivileged user namespaces "
+            "(sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0), or run the worker "
+            "as root with CAP_SYS_ADMIN (in a container: see docs/security.md)"
         )
 
     def run(

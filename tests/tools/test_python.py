@@ -10,7 +10,7 @@ import time
 import pytest
 
 from celery_agents.model import parse_agent
-from celery_agents.tools import Sandbox, SandboxConfig, ToolRunner
+from celery_agents.tools import ToolRunner
 from celery_agents.tools.sandbox import reachable_by_others
 from tests.tools import sample_tools
 from tests.tools.conftest import make_agent, run_tool

@@ -1,6 +1,6 @@
 """The runIsolated sandbox against tools that misbehave on purpose, at each level (namespaces of
-its own without bubblewrap, and bubblewrap where it works): each attempt is contained and reported, and the test process (the
-worker) stays healthy."""
+its own without bubblewrap, and bubblewrap where it works): each attempt is contained and
+reported, and the test process (the worker) stays healthy."""
 
 from __future__ import annotations
 
