@@ -185,8 +185,7 @@ class Client:
             raise InvalidInput("choose --step or --run, not both")
         spec = agent if isinstance(agent, AgentSpec) else load_agent_file(agent)
         query = prompt if isinstance(prompt, UserQuery) else UserQuery(text=prompt)
-        if not query.text.strip() and not query.media:
-            raise InvalidInput("the prompt is empty: give -p TEXT, --file PATH or --media PATH")
+        check_prompt(query, self.settings.max_prompt_bytes)
         h = self.store.create_session(spec, query, drive="auto" if run else "manual", owe=run)
         if run:
             return self._drive(h.session_id, h.version, wait=wait, timeout=timeout, on_event=on_event, after="0-0")
@@ -418,6 +417,16 @@ class Client:
                     return
             if not events and done(None):
                 return
+
+
+def check_prompt(query: UserQuery, max_bytes: int) -> None:
+    """The one rule on a prompt (start, and any later message): not empty, text within the limit
+    (attachments have their own, AGENTS_MEDIA_MAX_BYTES)."""
+    if not query.text.strip() and not query.media:
+        raise InvalidInput("the prompt is empty: give -p TEXT, --file PATH or --media PATH")
+    size = len(query.text.encode(errors="surrogatepass"))
+    if size > max_bytes:
+        raise InvalidInput(f"the prompt is {size} bytes, more than the limit of {max_bytes} (AGENTS_MAX_PROMPT_BYTES)")
 
 
 def _step_done(event: dict[str, Any] | None, version: int, request: str) -> bool:

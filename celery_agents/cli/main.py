@@ -311,7 +311,8 @@ def session_complete(
 
     with _command(as_json) as client:
         raw = read_result(result_file)
-        outcome = client.complete(token, raw.strip() if error else parse_result(raw), error=error, by=by)
+        result = raw.strip() if error else parse_result(raw, client.settings.max_result_bytes)
+        outcome = client.complete(token, result, error=error, by=by)
         if as_json:
             emit_json(outcome.model_dump(mode="json"))
         else:

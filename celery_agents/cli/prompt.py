@@ -102,8 +102,9 @@ def read_result(source: str) -> str:
     return raw
 
 
-def parse_result(raw: str) -> object:
-    """JSON text is the result as that JSON value; any other text is the result as stripped text."""
+def parse_result(raw: str, max_bytes: int) -> object:
+    """JSON text is the result as that JSON value; any other text is the result as stripped text
+    (what refuses a result is `runtime.completions`, for the CLI and the stream alike)."""
     from celery_agents.runtime.completions import parse_result_text
 
-    return parse_result_text(raw)
+    return parse_result_text(raw, max_bytes)

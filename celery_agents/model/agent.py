@@ -15,11 +15,23 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from celery_agents.errors import InvalidAgentFile
+from celery_agents.model.limits import UnusableJson, check_depth, load_json
 
 DispositionTag = Literal["runSync", "runAsync", "runIsolated", "defer"]
 DISPOSITION_TAGS: tuple[str, ...] = ("runSync", "runAsync", "runIsolated", "defer")
 
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+#: model parameters that would choose the endpoint or the key behind `apiBase`/`apiKeyEnv`'s back
+_ENDPOINT_PARAMS = ("api_key", "api_base", "base_url", "apiKey", "apiBase", "baseUrl")
+
+
+def _key_variable(value: str | None) -> str | None:
+    """`apiKeyEnv` names the variable holding a provider's key, never a worker setting."""
+    if value is not None and value.upper().startswith("AGENTS_"):
+        raise ValueError(
+            f"apiKeyEnv names {value}, a setting of the worker: name the variable holding the provider's key"
+        )
+    return value
 
 
 class _Spec(BaseModel):
@@ -269,6 +281,11 @@ class FallbackModel(_Spec):
             return {"model": value}
         return value
 
+    @field_validator("api_key_env")
+    @classmethod
+    def _api_key_env(cls, value: str | None) -> str | None:
+        return _key_variable(value)
+
 
 class AgentSpec(_Spec):
     """An agent file, validated. `base_dir` is the folder relative command paths resolve against.
@@ -283,6 +300,8 @@ class AgentSpec(_Spec):
     api_key_env: str | None = Field(default=None, alias="apiKeyEnv")
     system_prompt: str | list[str] | None = Field(default=None, alias="systemPrompt")
     max_steps: int = Field(default=40, alias="maxSteps", ge=1, le=100_000)
+    #: calls of one model response that run; the ones beyond are answered with an error result
+    max_tool_calls_per_turn: int = Field(default=64, alias="maxToolCallsPerTurn", ge=1, le=10_000)
     tools: list[ToolSpec] = Field(default_factory=list)
     execution_mode: Literal["synchronous", "asynchronous"] | None = Field(default=None, alias="executionMode")
     tool_call_policy: ToolCallPolicy | None = Field(default=None, alias="toolCallPolicy")
@@ -315,6 +334,21 @@ class AgentSpec(_Spec):
     def _slug_shape(cls, value: str) -> str:
         if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", value):
             raise ValueError("a slug is 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
+        return value
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _api_key_env(cls, value: str | None) -> str | None:
+        return _key_variable(value)
+
+    @field_validator("model_params")
+    @classmethod
+    def _model_params(cls, value: dict[str, Any]) -> dict[str, Any]:
+        named = [k for k in _ENDPOINT_PARAMS if k in value]
+        if named:
+            raise ValueError(
+                f"modelParams may not set {', '.join(named)}: the endpoint is apiBase and the key is named by apiKeyEnv"
+            )
         return value
 
     @field_validator("model")
@@ -442,6 +476,10 @@ def parse_agent(data: Any, source: str = "<agent>", base_dir: str | None = None)
     """Validate an agent given as a JSON value; raises `InvalidAgentFile`."""
     if not isinstance(data, dict):
         raise InvalidAgentFile(f"{source}: (top level): an agent file is a JSON object (give {{...}})")
+    try:
+        check_depth(data)
+    except UnusableJson as exc:
+        raise InvalidAgentFile(f"{source}: (top level): not a usable agent file: {exc}", file=source) from None
     if base_dir and "baseDir" not in data:
         data = {**data, "baseDir": base_dir}
     if any(k in data for k in ("toolboxes", "toolDirectory", "bashToolboxes")):
@@ -491,10 +529,12 @@ def load_agent_file(path: str | Path) -> AgentSpec:
     except (OSError, UnicodeDecodeError) as exc:
         raise InvalidAgentFile(f"{p}: cannot read it: {exc}", file=str(p)) from None
     try:
-        data = json.loads(raw)
+        data = load_json(raw)
     except json.JSONDecodeError as exc:
         raise InvalidAgentFile(
             f"{p}: line {exc.lineno} column {exc.colno}: not valid JSON: {exc.msg} (fix the JSON syntax)",
             file=str(p),
         ) from None
+    except UnusableJson as exc:
+        raise InvalidAgentFile(f"{p}: (top level): not a usable agent file: {exc}", file=str(p)) from None
     return parse_agent(data, str(p), base_dir=str(p.resolve().parent))

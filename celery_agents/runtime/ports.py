@@ -15,6 +15,7 @@ from celery_agents.model import AgentSpec, LlmTurn, Media, TrackedCall
 from celery_agents.runtime.faults import checkpoint
 from celery_agents.scheduler.ports import CallOutcome, LlmPort, LlmRequest, ToolPort
 from celery_agents.store import Store, new_token
+from celery_agents.tools.output import bound_outcome
 
 
 class SystemClock:
@@ -71,6 +72,6 @@ class JournaledTools:
         field = f"tool:{call.field}"
         raw = self.journal.get(field)
         if raw is None:
-            outcome = self.inner.run(agent, session_id, call)
+            outcome = bound_outcome(self.inner.run(agent, session_id, call), self.store.settings.max_result_bytes)
             raw = self.store.journal_put(session_id, field, outcome_to_json(outcome))
         return outcome_from_json(raw)

@@ -86,6 +86,10 @@ class ToolRunner:
                 return self._once(agent, tool, args, limits, timeout, session_id, call)
             except SandboxUnavailable as exc:
                 return CallOutcome(state="failed", error=str(exc))
+            except ValueError as exc:
+                # A value the model chose that no program can receive (subprocess refuses NUL bytes
+                # in argv and environment): the model is told, the session goes on.
+                return CallOutcome(state="failed", error=_unstartable(exc))
 
         outcome = apply_truncate(with_retries(once, disp), disp.truncate)
         if self.isolated:
@@ -205,6 +209,12 @@ class ToolRunner:
                 }
             outcome = _outcome_of_envelope(envelope, proc.duration_ms, proc.exit_status, cap)
         return _with_sandbox(outcome, run)
+
+
+def _unstartable(exc: ValueError) -> str:
+    if "null byte" in str(exc):
+        return "the call could not start: an argument holds a NUL byte (\\u0000), which a program cannot receive"
+    return f"the call could not start: {exc}"
 
 
 def _with_sandbox(outcome: CallOutcome, run: SandboxRun) -> CallOutcome:
