@@ -213,10 +213,11 @@ class Store:
         self, name: str, sid: str, args: list[Any], extra_keys: tuple[str, ...] = (), now: float | None = None
     ) -> Any:
         now = time.time() if now is None else now
+        # One id per call: the client's retries after a lost reply resend it, and the script
+        # answers them with the first reply (`once` in store/lua/_lib.lua).
+        keys = self.keys.script_keys(sid, uuid.uuid4().hex, *extra_keys)
         try:
-            return self.scripts.run(
-                name, self.keys.script_keys(sid, *extra_keys), [repr(now), self.settings.events_maxlen, sid, *args]
-            )
+            return self.scripts.run(name, keys, [repr(now), self.settings.events_maxlen, sid, *args])
         except redis.ConnectionError as exc:
             raise RedisUnavailable(f"cannot reach Redis: {exc}") from exc
 
