@@ -50,6 +50,9 @@ class Settings:
     events_maxlen: int = 2000
     #: how often (seconds) the broker puts back messages unacknowledged past the visibility timeout
     restore_interval: float = 10.0
+    #: finished sessions (completed, failed, cancelled) not updated for this many days are deleted
+    #: by the workers, a few per sweep; None keeps them forever
+    retention_days: float | None = None
 
     @property
     def embedded(self) -> bool:
@@ -73,5 +76,6 @@ class Settings:
             lost_grace=_float_env("AGENTS_LOST_GRACE", 300.0),
             skew_margin=_float_env("AGENTS_CLOCK_SKEW", 10.0),
             restore_interval=_float_env("AGENTS_RESTORE_INTERVAL", 10.0),
+            retention_days=max(_float_env("AGENTS_RETENTION_DAYS", 0.0), 0.0) or None,
         )
         return replace(s, **overrides) if overrides else s  # type: ignore[arg-type]
