@@ -12,7 +12,16 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from celery_agents.errors import InvalidAgentFile
 
@@ -132,14 +141,16 @@ class ToolSpec(_Spec):
 
     @model_validator(mode="before")
     @classmethod
-    def _derive_python_schema(cls, value: Any) -> Any:
+    def _derive_python_schema(cls, value: Any, info: ValidationInfo) -> Any:
         # The model must see a python tool's parameters; without a declared schema, the
         # function's signature is the schema. An unimportable module keeps the empty one
-        # (the worker may have it when the loading process does not).
+        # (the worker may have it when the loading process does not). The module is looked up
+        # as the workers look it up: installed packages, then the agent file's folder.
         if isinstance(value, dict) and value.get("python") and "parameters" not in value:
             from celery_agents.tools.signature import describe_function
 
-            found = describe_function(str(value["python"]))
+            folder = (info.context or {}).get("base_dir")
+            found = describe_function(str(value["python"]), folder)
             if found is not None:
                 value = {**value, "parameters": found[0]}
                 if not value.get("description") and found[1]:
@@ -568,7 +579,7 @@ def parse_agent(data: Any, source: str = "<agent>", base_dir: str | None = None)
     if any(k in data for k in ("toolboxes", "toolDirectory", "bashToolboxes")):
         data = _with_toolbox_tools(data, source)
     try:
-        spec = AgentSpec.model_validate(data)
+        spec = AgentSpec.model_validate(data, context={"base_dir": data.get("baseDir")})
         spec._ignored = tuple(ignored)
         return spec
     except ValidationError as exc:
