@@ -137,6 +137,22 @@ def diagnose(client: Any) -> dict[str, Any]:
         s: int(r.zcard(k.state_index(s))) for s in ("ready", "tools", "waiting", "completed", "failed", "cancelled")
     }
     lapsed = _lapsed_leases(store, now - settings.owed_grace)
+    served = {q for w in workers for q in w.get("queues", [])}
+    unserved = {q: n for q, n in queues.items() if n and q not in served}
+    if not client.inline or unserved:
+        checks.append(
+            {
+                "name": "queues",
+                "ok": not unserved,
+                "detail": "every queue holding messages has a worker"
+                if not unserved
+                else "; ".join(
+                    f"{n} message(s) wait on {q}, which no live worker consumes (agents worker --queues {q})"
+                    for q, n in unserved.items()
+                ),
+            }
+        )
+    sampled, sampled_bytes = store.memory_per_session()
     checks.append(
         {
             "name": "leases",
@@ -157,7 +173,7 @@ def diagnose(client: Any) -> dict[str, Any]:
         "ok": all(
             c["ok"]
             for c in checks
-            if c["name"] in ("redis", "broker", "workers", "owed steps") or c.get("fails_doctor")
+            if c["name"] in ("redis", "broker", "workers", "owed steps", "queues") or c.get("fails_doctor")
         ),
         "mode": "inline" if client.inline else "queue",
         "prefix": settings.prefix,
@@ -171,24 +187,35 @@ def diagnose(client: Any) -> dict[str, Any]:
         "rejected_completions": rejected,
         "recent_rejections": last_rejected,
         "sessions": states,
+        # MEMORY USAGE of the most recent sessions' keys, averaged: what one more session costs.
+        "memory_per_session_bytes": sampled_bytes // sampled if sampled else None,
+        "retention_days": settings.retention_days,
     }
 
 
 def render(report: dict[str, Any]) -> None:
-    from celery_agents.cli.output import err
+    from celery_agents.cli.output import escape
+    from celery_agents.cli.output import out as console  # the report is the command's output
 
     for c in report["checks"]:
         mark = "[green]ok[/]" if c["ok"] else "[yellow]!![/]"
-        err.print(f"{mark} {c['name']}: {c['detail']}")
-    err.print(
+        console.print(f"{mark} {c['name']}: {c['detail']}")
+    console.print(
         "queues: "
         + ", ".join(f"{q} {'?' if n is None else n}" for q, n in report["queues"].items())
         + (" (the broker could not be read)" if None in report["queues"].values() else "")
     )
-    err.print("sessions: " + ", ".join(f"{s} {n}" for s, n in report["sessions"].items()))
-    err.print(
+    console.print("sessions: " + ", ".join(f"{s} {n}" for s, n in report["sessions"].items()))
+    per = report.get("memory_per_session_bytes")
+    retention = report.get("retention_days")
+    console.print(
+        f"memory per session: {'-' if per is None else f'{per / 1024:.1f} KiB'} (recent sessions); retention: "
+        + (f"finished sessions deleted after {retention:g} days" if retention else "off (AGENTS_RETENTION_DAYS)")
+    )
+    console.print(
         f"pending calls {report['pending_calls']}, overdue deadlines {report['overdue_deadlines']}, "
         f"rejected completions {report['rejected_completions']}"
     )
     for rej in report["recent_rejections"]:
-        err.print(f"  rejected {rej.get('token', '')[:40]}: {rej.get('reason', '')}")
+        # What a completer wrote: shown, never obeyed by the terminal.
+        console.print(f"  rejected {escape(rej.get('token', '')[:40])}: {escape(rej.get('reason', ''))}")

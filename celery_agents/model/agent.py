@@ -12,7 +12,16 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from celery_agents.errors import InvalidAgentFile
 from celery_agents.model.limits import UnusableJson, check_depth, load_json
@@ -146,14 +155,16 @@ class ToolSpec(_Spec):
 
     @model_validator(mode="before")
     @classmethod
-    def _derive_python_schema(cls, value: Any) -> Any:
+    def _derive_python_schema(cls, value: Any, info: ValidationInfo) -> Any:
         # The model must see a python tool's parameters; without a declared schema, the
         # function's signature is the schema. An unimportable module keeps the empty one
-        # (the worker may have it when the loading process does not).
+        # (the worker may have it when the loading process does not). The module is looked up
+        # as the workers look it up: installed packages, then the agent file's folder.
         if isinstance(value, dict) and value.get("python") and "parameters" not in value:
             from celery_agents.tools.signature import describe_function
 
-            found = describe_function(str(value["python"]))
+            folder = (info.context or {}).get("base_dir")
+            found = describe_function(str(value["python"]), folder)
             if found is not None:
                 value = {**value, "parameters": found[0]}
                 if not value.get("description") and found[1]:
@@ -313,6 +324,13 @@ class AgentSpec(_Spec):
     toolboxes: list[Toolbox] = Field(default_factory=list)
     #: models tried in order when `model` fails (after its own retries)
     fallback_models: list[FallbackModel] = Field(default_factory=list, alias="fallbackModels")
+    #: fields of an agents-exe file that were accepted and not used (for a warning)
+    _ignored: tuple[str, ...] = PrivateAttr(default=())
+
+    @property
+    def ignored_fields(self) -> tuple[str, ...]:
+        """Fields of the file, written as paths, that agents-exe knows and celery-agents ignores."""
+        return self._ignored
 
     @model_validator(mode="before")
     @classmethod
@@ -472,20 +490,138 @@ def describe_validation_error(source: str, exc: ValidationError) -> str:
     return "\n".join(lines)
 
 
+# -- fields: known, unknown, and agents-exe's we do not use ------------------------------------
+#: Names a model accepts besides its fields and aliases (folded in by its "before" validators).
+_ALSO_ACCEPTED: dict[str, frozenset[str]] = {
+    # toolCallPolicyConfig, toolDirectory and bashToolboxes: the agents-exe spellings.
+    # subAgents/extraAgents, maxDepth, description, mcpServers, maxToolCallsPerTurn: fields of this
+    # release implemented in their own modules; known here so that no file using them is refused.
+    "AgentSpec": frozenset(
+        {
+            "toolCallPolicyConfig",
+            "toolDirectory",
+            "bashToolboxes",
+            "subAgents",
+            "extraAgents",
+            "maxDepth",
+            "description",
+            "mcpServers",
+            "maxToolCallsPerTurn",
+        }
+    ),
+    "PolicyRule": frozenset({"network"}),
+}
+
+#: Fields of agents-exe agent files that celery-agents does not use: accepted with a warning.
+AGENTS_EXE_FIELDS: dict[str, frozenset[str]] = {
+    "AgentSpec": frozenset(
+        {
+            "flavor",
+            "modelUrl",
+            "modelName",
+            "apiKeyId",
+            "announce",
+            "openApiToolboxes",
+            "postgrestToolboxes",
+            "builtinToolboxes",
+            "skillSources",
+            "autoEnableSkills",
+            "asyncYieldStrategy",
+            "maxConcurrency",
+            "asyncCallTimeoutSeconds",
+            "parameters",
+            "bindings",
+            "pauseCancelsCalls",
+            "resumeOnAnyMail",
+            "interruptCompletions",
+            "mailInToolResult",
+            "mailScope",
+            "interruptScope",
+            "wakeOn",
+            "fileSandboxes",
+        }
+    ),
+    "ToolCallPolicy": frozenset({"wrappers"}),
+    "Disposition": frozenset({"attachSeconds", "spec"}),
+}
+
+
+def _nested_model(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model inside a field's type (`X`, `X | None`, `list[X]`), if any."""
+    from typing import get_args
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _nested_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _fields_of(model: type[BaseModel]) -> dict[str, type[BaseModel] | None]:
+    """Every name `model` accepts in a file, with the model of its value when it has one."""
+    names: dict[str, type[BaseModel] | None] = {}
+    for name, info in model.model_fields.items():
+        nested = _nested_model(info.annotation)
+        names[name] = nested
+        if info.alias:
+            names[info.alias] = nested
+    for name in _ALSO_ACCEPTED.get(model.__name__, frozenset()):
+        names.setdefault(name, ToolCallPolicy if name == "toolCallPolicyConfig" else None)
+    return names
+
+
+def _check_fields(model: type[BaseModel], data: Any, where: str, unknown: list[str], ignored: list[str]) -> None:
+    """Walk `data` as `model` reads it: unknown names go to `unknown` (with the closest known
+    name), agents-exe names we do not use to `ignored`."""
+    import difflib
+
+    if isinstance(data, list):
+        for i, item in enumerate(data):
+            _check_fields(model, item, f"{where}[{i}]", unknown, ignored)
+        return
+    if not isinstance(data, dict):
+        return
+    known = _fields_of(model)
+    for key, value in data.items():
+        path = f"{where}.{key}" if where else str(key)
+        if key in known:
+            nested = known[key]
+            if nested is not None:
+                _check_fields(nested, value, path, unknown, ignored)
+        elif key in AGENTS_EXE_FIELDS.get(model.__name__, frozenset()):
+            ignored.append(path)
+        else:
+            public = sorted(k for k in known if not k.islower() or "_" not in k)
+            close = difflib.get_close_matches(str(key), public, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]}?" if close else f"known fields here: {', '.join(public)}"
+            unknown.append(f"{path}: unknown field ({hint})")
+
+
 def parse_agent(data: Any, source: str = "<agent>", base_dir: str | None = None) -> AgentSpec:
-    """Validate an agent given as a JSON value; raises `InvalidAgentFile`."""
+    """Validate an agent given as a JSON value; raises `InvalidAgentFile`. A field the file
+    format does not know is refused with the closest known name; a field of agents-exe files
+    that celery-agents does not use is accepted and listed in `ignored_fields`."""
     if not isinstance(data, dict):
         raise InvalidAgentFile(f"{source}: (top level): an agent file is a JSON object (give {{...}})")
     try:
         check_depth(data)
     except UnusableJson as exc:
         raise InvalidAgentFile(f"{source}: (top level): not a usable agent file: {exc}", file=source) from None
+    unknown: list[str] = []
+    ignored: list[str] = []
+    _check_fields(AgentSpec, data, "", unknown, ignored)
+    if unknown:
+        raise InvalidAgentFile("\n".join(f"{source}: {line}" for line in unknown), file=source)
     if base_dir and "baseDir" not in data:
         data = {**data, "baseDir": base_dir}
     if any(k in data for k in ("toolboxes", "toolDirectory", "bashToolboxes")):
         data = _with_toolbox_tools(data, source)
     try:
-        return AgentSpec.model_validate(data)
+        spec = AgentSpec.model_validate(data, context={"base_dir": data.get("baseDir")})
+        spec._ignored = tuple(ignored)
+        return spec
     except ValidationError as exc:
         message = describe_validation_error(source, exc)
         if "toolCallPolicyConfig" in data:

@@ -20,7 +20,7 @@ from celery.signals import worker_init, worker_ready, worker_shutdown
 from celery_agents.config import Settings
 from celery_agents.model import TrackedCall, build_schemas
 from celery_agents.runtime.completions import CompletionConsumer
-from celery_agents.store import EmbeddedRedis, Store
+from celery_agents.store import FINISHED_STATES, EmbeddedRedis, Store
 from celery_agents.tasks.celery_app import app, settings
 from celery_agents.tasks.config import Dispatcher
 from celery_agents.tasks.context import worker_context
@@ -116,6 +116,19 @@ def sweep_once(
     return counts
 
 
+#: Sessions deleted per sweep at most under AGENTS_RETENTION_DAYS: a backlog drains over many
+#: sweeps instead of holding Redis in one long burst.
+PURGE_PER_SWEEP = 5
+
+
+def purge_expired(store: Store, settings: Settings) -> int:
+    """Delete a few finished sessions older than the retention (off unless AGENTS_RETENTION_DAYS)."""
+    if settings.retention_days is None:
+        return 0
+    cutoff = store.server_time() - settings.retention_days * 86400
+    return len(store.purge(list(FINISHED_STATES), cutoff, PURGE_PER_SWEEP))
+
+
 class WorkerServices:
     def __init__(self, settings: Settings, name: str, queues: list[str]) -> None:
         self.settings = settings
@@ -159,6 +172,7 @@ class WorkerServices:
                 lock_ms = max(100, int(self.settings.sweep_interval * 900))
                 if store.client.set(store.keys.lock("sweeper"), self.name, nx=True, px=lock_ms):
                     counts = sweep_once(store, dispatcher, self.settings, now, probe)
+                    counts["purged"] = purge_expired(store, self.settings)
                     if any(counts.values()):
                         log.info("sweep: %s", counts)
             except Exception:

@@ -168,7 +168,7 @@ class ToolRunner:
         cap = limits.output_bytes or OUTPUT_CAP
         if not self.isolated:
             started = time.monotonic()
-            envelope = call_in_thread(spec, args, timeout)
+            envelope = call_in_thread(spec, args, timeout, agent.base_dir)
             duration = (time.monotonic() - started) * 1000
             if envelope is None:
                 return CallOutcome(
