@@ -116,7 +116,7 @@ class _Connection:
     def _transport(self) -> Any:
         if self.target.url is not None:
             return _http_transport(self.target)
-        self.errlog = tempfile.TemporaryFile()
+        self.errlog = tempfile.TemporaryFile()  # noqa: SIM115 - closed when the connection ends
         return _watched(_stdio_transport(self.target, self.errlog), self.closed)
 
 

@@ -27,7 +27,8 @@ def _text_of(part: Any) -> str | None:
 
 
 def outcome_of_result(raw: dict[str, Any], cap: int, duration_ms: float | None = None) -> CallOutcome:
-    content = raw.get("content") if isinstance(raw.get("content"), list) else []
+    found = raw.get("content")
+    content: list[Any] = found if isinstance(found, list) else []
     texts = [t for t in (_text_of(p) for p in content) if t is not None]
     if raw.get("isError"):
         error = "\n".join(texts) or json.dumps(content)[:2000] or "the MCP tool reported an error"

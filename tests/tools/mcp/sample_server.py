@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from mcp.server.mcpserver import Context, Image, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 
 #: a 1x1 transparent PNG
 PNG = base64.b64decode(
@@ -39,7 +40,7 @@ def sleep(seconds: float) -> str:
 @server.tool()
 def fail(why: str) -> str:
     """Always fails, with the reason given."""
-    raise ValueError(f"failed on purpose: {why}")
+    raise ToolError(f"failed on purpose: {why}")
 
 
 @server.tool()
