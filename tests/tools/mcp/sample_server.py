@@ -2,7 +2,8 @@
 `python sample_server.py http PORT` (Streamable HTTP).
 
 Tools: `add` (structured result), `sleep` (answers after the seconds asked), `fail` (raises),
-`image` (a PNG), `whoami` (its pid, what `_meta` it got, the variables it was started with).
+`image` (a PNG), `whoami` (its pid and parent's, the call's `_meta`, its variables' names, the
+Authorization header over HTTP).
 """
 
 from __future__ import annotations
@@ -53,7 +54,15 @@ def image() -> Image:
 def whoami(ctx: Context) -> dict[str, Any]:
     """This server's process id, the request's _meta and its environment's names."""
     meta = dict(ctx.request_context.meta or {})
-    return {"pid": os.getpid(), "meta": meta, "env": sorted(os.environ), "marker": os.environ.get("MARKER")}
+    headers = dict(ctx.headers or {})
+    return {
+        "pid": os.getpid(),
+        "ppid": os.getppid(),
+        "meta": meta,
+        "env": sorted(os.environ),
+        "marker": os.environ.get("MARKER"),
+        "authorization": headers.get("authorization"),
+    }
 
 
 if __name__ == "__main__":
