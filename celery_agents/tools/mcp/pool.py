@@ -74,6 +74,8 @@ class _Connection:
 
     def __post_init__(self) -> None:
         self.ready = self.loop.create_future()
+        # A connection that never came up may have nobody left waiting for it: no warning then.
+        self.ready.add_done_callback(lambda f: f.cancelled() or f.exception())
 
     def stderr_tail(self) -> str:
         if self.errlog is None:
@@ -290,6 +292,11 @@ class McpPool:
                     + (f"; its last error output: {tail}" if tail else "")
                 ) from None
             raise McpCallError(f"the MCP server {target.label} refused the call: {exc.error.message}") from None
+        except Exception as exc:
+            # Whatever else went wrong (a broken answer, a transport fault) fails this call only;
+            # the connection may be in any state, so the next call gets a fresh one.
+            self._retire(conn)
+            raise McpCallError(f"the call to the MCP server {target.label} failed: {exc!r}") from None
         finally:
             conn.in_flight -= 1
             if conn.retired and conn.in_flight == 0:

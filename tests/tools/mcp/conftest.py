@@ -34,7 +34,12 @@ def mcp_agent(servers: list[dict[str, Any]], rules: list[dict[str, Any]] | None 
 
 def mcp_call(tool: str, arguments: dict[str, Any], call_id: str = "call_1") -> TrackedCall:
     return TrackedCall(
-        call_id=call_id, tool=tool, arguments=arguments, raw_arguments=json.dumps(arguments), batch=1, position=0,
+        call_id=call_id,
+        tool=tool,
+        arguments=arguments,
+        raw_arguments=json.dumps(arguments),
+        batch=1,
+        position=0,
         disposition="runSync",
     )
 

@@ -22,7 +22,7 @@ PNG = base64.b64decode(
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
 )
 
-server = MCPServer("sample")
+server = MCPServer("sample", log_level="WARNING")
 
 
 @server.tool()
@@ -67,6 +67,6 @@ def whoami(ctx: Context) -> dict[str, Any]:
 
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "http":
-        server.run("streamable-http", port=int(sys.argv[2]), log_level="WARNING")
+        server.run("streamable-http", port=int(sys.argv[2]))
     else:
         server.run()

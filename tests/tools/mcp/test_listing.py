@@ -17,9 +17,7 @@ from tests.tools.mcp.conftest import SAMPLE, TIME_SERVER, mcp_agent, sample_stdi
 def test_tools_of_stdio_servers_are_listed_into_the_agent_with_the_servers_schemas() -> None:
     agent = mcp_agent([sample_stdio(), {"name": "time", "command": TIME_SERVER}])
     names = [t.name for t in agent.tools]
-    assert {"mcp__sample__add", "mcp__sample__sleep", "mcp__sample__image", "mcp__time__get_current_time"} <= set(
-        names
-    )
+    assert {"mcp__sample__add", "mcp__sample__sleep", "mcp__sample__image", "mcp__time__get_current_time"} <= set(names)
     add = agent.tool("mcp__sample__add")
     assert add is not None and add.kind == "mcp" and add.mcp is not None
     assert (add.mcp.server, add.mcp.tool, add.description) == ("sample", "add", "Adds two whole numbers.")
