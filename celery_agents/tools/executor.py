@@ -108,6 +108,13 @@ class ToolRunner:
     ) -> CallOutcome:
         if tool.python:
             return self._python(agent, tool, args, limits, timeout, session_id, call)
+        if tool.mcp:
+            from celery_agents.tools.mcp.calls import call_mcp
+
+            outcome, run = call_mcp(
+                agent, tool, args, limits, timeout, session_id, call, self.sandbox if self.isolated else None
+            )
+            return outcome if run is None else _with_sandbox(outcome, run)
         if tool.script:
             script = resolve_argv([tool.script], agent.base_dir)[0]
             declared = [script]
