@@ -74,6 +74,9 @@ class Settings:
     #: signs stored agent specs; workers run nothing of a spec that does not verify. Never stored,
     #: never printed (kept out of repr).
     spec_key: str | None = field(default=None, repr=False)
+    #: finished sessions (completed, failed, cancelled) not updated for this many days are deleted
+    #: by the workers, a few per sweep; None keeps them forever
+    retention_days: float | None = None
 
     @property
     def embedded(self) -> bool:
@@ -100,5 +103,6 @@ class Settings:
             max_result_bytes=_int_env("AGENTS_MAX_RESULT_BYTES", ONE_MIB),
             max_prompt_bytes=_int_env("AGENTS_MAX_PROMPT_BYTES", ONE_MIB),
             spec_key=env.get("AGENTS_SPEC_KEY") or None,
+            retention_days=max(_float_env("AGENTS_RETENTION_DAYS", 0.0), 0.0) or None,
         )
         return replace(s, **overrides) if overrides else s  # type: ignore[arg-type]

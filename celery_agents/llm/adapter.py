@@ -184,7 +184,7 @@ class LitellmPort:
         last = failures[-1]
         if len(failures) == 1:
             raise last
-        tried = "; ".join(f"{m}: {f.message}" for (m, _, _), f in zip(endpoints, failures, strict=True))
+        tried = "; ".join(f.message for f in failures)  # each names its model and endpoint
         raise LlmFailure(last.code, f"every model failed — {tried}", transient=any(f.transient for f in failures))
 
     def _complete_with(self, request: LlmRequest, model: str, api_base: str | None, api_key_env: str | None) -> LlmTurn:
@@ -221,7 +221,8 @@ class LitellmPort:
                 c = classify(exc)
                 if not c.transient or attempt >= self.retry.attempts:
                     suffix = f" (after {attempt} attempts)" if c.transient else ""
-                    raise LlmFailure(c.code, c.message + suffix, transient=c.transient) from exc
+                    where = f"{model} at {api_base}" if api_base else model
+                    raise LlmFailure(c.code, f"{where}: {c.message}{suffix}", transient=c.transient) from exc
                 delay = self.retry.delay(attempt, c.retry_after)
                 if self._on_retry:
                     self._on_retry(attempt, c.code, delay)

@@ -75,7 +75,10 @@ def run_call(store: Store, session_id: str, field: str, tools: ToolPort, owner: 
             started_at=started,
         )
         finished = store.record_result(
-            session_id, field, body, {"call_id": call.call_id, "tool": call.tool, "state": state.value}
+            session_id,
+            field,
+            body,
+            {"call_id": call.call_id, "tool": call.tool, "state": state.value, "duration_ms": outcome.duration_ms},
         )
         return CallRun(status=finished.status, finished=finished, call=call)
     finally:

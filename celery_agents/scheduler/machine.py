@@ -287,7 +287,15 @@ def _run_tools(snap: Snapshot, turn: LlmTurn, ports: Ports) -> Transition:
             outcome = ports.tools.run(agent, h.session_id, call.model_copy(update={"started_at": started}))
             calls[i] = _finish(call.model_copy(update={"started_at": started}), outcome, ports.clock.now())
             events.append(
-                Event("tool_finished", {"call_id": call.call_id, "tool": call.tool, "state": calls[i].state.value})
+                Event(
+                    "tool_finished",
+                    {
+                        "call_id": call.call_id,
+                        "tool": call.tool,
+                        "state": calls[i].state.value,
+                        "duration_ms": calls[i].duration_ms,
+                    },
+                )
             )
     dispatch = [c for c in calls if c.state == CallState.RUNNING]
     if all(c.state.final for c in calls):
