@@ -21,7 +21,7 @@ def test_doctor_warns_without_a_spec_key_and_is_quiet_with_one(redis_url: str, p
     assert spec_check(keyed.doc)["ok"] is True
     assert "s3cret-spec-key" not in keyed.stdout + keyed.stderr
     human = agents("doctor", env=cli_env(redis_url, prefix))
-    assert "AGENTS_SPEC_KEY is unset" in human.stderr
+    assert "AGENTS_SPEC_KEY is unset" in human.stdout + human.stderr
 
 
 def test_the_embedded_redis_needs_no_spec_key(prefix: str, tmp_path: Path) -> None:
