@@ -50,6 +50,8 @@ class Settings:
     events_maxlen: int = 2000
     #: how often (seconds) the broker puts back messages unacknowledged past the visibility timeout
     restore_interval: float = 10.0
+    #: AGENTS_ALLOW_EVICTION=1: run on a Redis whose maxmemory-policy may evict keys
+    allow_eviction: bool = False
 
     @property
     def embedded(self) -> bool:
@@ -73,5 +75,6 @@ class Settings:
             lost_grace=_float_env("AGENTS_LOST_GRACE", 300.0),
             skew_margin=_float_env("AGENTS_CLOCK_SKEW", 10.0),
             restore_interval=_float_env("AGENTS_RESTORE_INTERVAL", 10.0),
+            allow_eviction=env.get("AGENTS_ALLOW_EVICTION") == "1",
         )
         return replace(s, **overrides) if overrides else s  # type: ignore[arg-type]

@@ -7,7 +7,6 @@ Every write that must be atomic is one script of `store/lua/`; reads are single 
 from __future__ import annotations
 
 import json
-import os
 import re
 import secrets
 import time
@@ -19,6 +18,7 @@ from typing import Any, cast
 
 import redis
 from pydantic import TypeAdapter
+from redis.lock import Lock
 
 from celery_agents.config import Settings
 from celery_agents.errors import (
@@ -592,7 +592,7 @@ class Store:
     def check_eviction(self) -> None:
         """Refuse a Redis that may evict keys (session state would vanish silently under memory
         pressure), unless AGENTS_ALLOW_EVICTION=1. A server without a memory limit never evicts."""
-        if os.environ.get("AGENTS_ALLOW_EVICTION") == "1":
+        if self.settings.allow_eviction:
             return
         try:
             cfg = self.client.config_get("maxmemory*")
@@ -604,6 +604,11 @@ class Store:
                 f"this Redis may evict keys (maxmemory-policy {policy}): session state and completions could be "
                 "lost. Set `maxmemory-policy noeviction`, or AGENTS_ALLOW_EVICTION=1 to run anyway."
             )
+
+    def lock(self, name: str, seconds: float) -> Lock:
+        """A lock on `lock:<name>` that expires after `seconds` unless extended; released
+        atomically (only by the token that holds it)."""
+        return Lock(self.client, self.keys.lock(name), timeout=seconds, thread_local=False)
 
     def owed(self, older_than: float, limit: int = 200) -> list[str]:
         return list(

@@ -4,6 +4,7 @@ expires deadlines, and writes the worker's heartbeat. One worker sweeps at a tim
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import logging
@@ -14,8 +15,11 @@ import time
 from typing import Any, cast
 
 from celery.signals import worker_init, worker_ready, worker_shutdown
+from redis.exceptions import LockError
+from redis.lock import Lock
 
 from celery_agents.config import Settings
+from celery_agents.errors import RedisUnavailable
 from celery_agents.model import TrackedCall, build_schemas
 from celery_agents.runtime.completions import CompletionConsumer
 from celery_agents.store import EmbeddedRedis, Store
@@ -188,39 +192,40 @@ class WorkerServices:
 
         One worker at a time consumes (a lock renewed while it does), so entries are applied in
         stream order: of two completions of one token, the first written wins. Another worker takes
-        over within seconds, claiming what the previous one had read but not acknowledged."""
+        over within seconds, applying first what the previous one had read but not acknowledged."""
         dispatcher = Dispatcher(app)
         consumer: CompletionConsumer | None = None
-        lock_ms = 5000
+        lock: Lock | None = None
+        held = False
         while not self._stop.is_set():
             try:
                 store = worker_context(self.settings).store
-                lock = store.keys.lock("completions")
-                holder = store.client.set(lock, self.name, nx=True, px=lock_ms) or store.scripts.run(
-                    "lease_renew", [lock], [self.name, lock_ms]
-                )
-                if not holder:
+                lock = lock or store.lock("completions", seconds=5.0)
+                held = _hold(lock, held, self.name)
+                if not held:
                     consumer = None
                     self._stop.wait(0.5)
                     continue
                 if consumer is None:
-                    consumer = CompletionConsumer(
-                        store,
-                        self.name,
-                        claim_idle=2 * lock_ms / 1000,
-                        wake=lambda sid, v: dispatcher.step(sid, v, "wake"),
-                    )
+                    consumer = CompletionConsumer(store, self.name, wake=lambda sid, v: dispatcher.step(sid, v, "wake"))
                 consumer.poll(block_ms=250)  # short: a stopping worker waits for it
             except Exception:
                 log.exception("applying completions failed; retrying")
                 consumer = None
                 self._stop.wait(1.0)
+        if lock is not None and held:
+            with contextlib.suppress(Exception):  # expired or Redis gone: it lapses on its own
+                lock.release()
+
+
+def _hold(lock: Lock, held: bool, name: str) -> bool:
+    """Keep (extend) or take the lock; False when another worker holds it."""
+    if held:
         try:
-            store = worker_context(self.settings).store
-            if store.client.get(store.keys.lock("completions")) == self.name:
-                store.client.delete(store.keys.lock("completions"))
-        except Exception:
-            pass
+            return bool(lock.reacquire())
+        except LockError:  # it lapsed while this worker stalled: whoever took it consumes now
+            return False
+    return bool(lock.acquire(blocking=False, token=name))
 
 
 _services: WorkerServices | None = None
@@ -233,7 +238,12 @@ def _on_worker_init(**_: Any) -> None:
     global _embedded
     if settings.embedded:
         _embedded = EmbeddedRedis(settings.home).acquire()
-    worker_context(settings).store.check_eviction()
+    try:
+        worker_context(settings).store.check_eviction()
+    except RedisUnavailable as exc:
+        # Celery logs and ignores what a worker_init handler raises, except SystemExit.
+        log.critical("refusing to start: %s", exc.message)
+        raise SystemExit(2) from exc
     # Imported once in the parent so that forked pool processes share it.
     from celery_agents.llm.adapter import warm_up
 
