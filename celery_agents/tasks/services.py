@@ -41,7 +41,9 @@ def sweep_once(
     cannot be waiting in its queue: the queue is empty, or its oldest message was published after
     this entry was committed (queues are first in, first out) — the message was lost between
     commit and publish. At the latest it goes again after `lost_grace`. A message that may merely
-    be waiting in a busy queue is left alone: duplicates would only add load."""
+    be waiting in a busy queue is left alone: duplicates would only add load. The decision and its
+    bookkeeping are one script per entry (store/lua/sweep_*.lua): a published copy counts as not
+    picked up, so it is not published again at every sweep while it waits in its queue."""
     now = time.time() if now is None else now
     counts = {"owed": 0, "redispatched": 0, "expired": 0}
     k = store.keys
@@ -67,46 +69,33 @@ def sweep_once(
     # The client decodes replies (store/connection.py): members are `str`, where redis-py says `bytes | str`.
     owed = cast("list[tuple[str, float]]", r.zrangebyscore(k.owed, "-inf", cutoff, start=0, num=200, withscores=True))
     if owed:
-        pipe = r.pipeline(transaction=False)
-        for sid, _ in owed:
-            pipe.hmget(k.meta(sid), ["version", "status", "owed_version", "picked"])
-            pipe.exists(k.lease(sid))
-        rows = pipe.execute()
         waiting = heads.get("steps", QueueHead(None))
-        for i, (sid, score) in enumerate(owed):
-            (version, status, owed_version, picked), leased = rows[2 * i], rows[2 * i + 1]
-            if version is None or status != "active" or owed_version != version:
-                r.zrem(k.owed, sid)
-            elif not leased and (picked == version or waiting.cannot_hold(score, margin_ms) or score <= lost_cutoff):
-                dispatcher.step(sid, int(version), request="sweeper")
-                store.touch_owed(sid, now)
+        lost = [(sid, waiting.cannot_hold(score, margin_ms) or score <= lost_cutoff) for sid, score in owed]
+        for swept in store.sweep_owed(lost, now):
+            if swept.verdict == "republish":
+                dispatcher.step(swept.session_id, swept.version, request="sweeper")
                 counts["owed"] += 1
 
     dispatched = cast(
         "list[tuple[str, float]]", r.zrangebyscore(k.dispatched, "-inf", cutoff, start=0, num=200, withscores=True)
     )
     if dispatched:
+        # Which queue a call waits in depends on its disposition: read the calls first.
+        members = [(*member.split(" ", 1), score) for member, score in dispatched]
+        rows = cast("list[tuple[str, str, float]]", members)  # members are "<session id> <field>"
         pipe = r.pipeline(transaction=False)
-        for member, _ in dispatched:
-            sid, field = member.split(" ", 1)
-            pipe.sismember(k.pending(sid), field)
-            pipe.exists(k.call_lease(sid, field))
-            pipe.exists(k.call_started(sid, field))
+        for sid, field, _ in rows:
             pipe.hget(k.calls(sid), field)
-        rows = pipe.execute()
+        raws = pipe.execute()
         unknown = QueueHead(None)
         by_disposition = {"runAsync": heads.get("tools", unknown), "runIsolated": heads.get("isolated", unknown)}
-        for i, (member, score) in enumerate(dispatched):
-            sid, field = member.split(" ", 1)
-            is_pending, leased, started, raw = rows[4 * i : 4 * i + 4]
-            if not is_pending or raw is None:
-                r.zrem(k.dispatched, member)
-                continue
-            call = TrackedCall.model_validate_json(raw)
-            head = by_disposition.get(call.disposition)
-            if not leased and (started or head is None or head.cannot_hold(score, margin_ms) or score <= lost_cutoff):
-                dispatcher.call(sid, call)
-                store.touch_dispatched(sid, field, now)
+        candidates = []
+        for (sid, field, score), raw in zip(rows, raws, strict=True):
+            head = by_disposition.get(TrackedCall.model_validate_json(raw).disposition) if raw else unknown
+            candidates.append((sid, field, head is None or head.cannot_hold(score, margin_ms) or score <= lost_cutoff))
+        for swept in store.sweep_dispatched(candidates, now):
+            if swept.verdict == "republish" and swept.call is not None:
+                dispatcher.call(swept.session_id, swept.call)
                 counts["redispatched"] += 1
 
     for sid, finished in store.expire_due(now):
@@ -200,7 +189,7 @@ class WorkerServices:
         while not self._stop.is_set():
             try:
                 store = worker_context(self.settings).store
-                lock = lock or store.lock("completions", seconds=5.0)
+                lock = lock or store.lock(store.keys.lock("completions"), seconds=5.0)
                 held = _hold(lock, held, self.name)
                 if not held:
                     consumer = None
