@@ -209,8 +209,7 @@ class Client:
             raise InvalidInput("choose --step or --run, not both")
         spec = agent if isinstance(agent, AgentSpec) else load_agent_file(agent)
         query = prompt if isinstance(prompt, UserQuery) else UserQuery(text=prompt)
-        if not query.text.strip() and not query.media:
-            raise InvalidInput("the prompt is empty: give -p TEXT, --file PATH or --media PATH")
+        check_prompt(query, self.settings.max_prompt_bytes)
         h = self.store.create_session(spec, query, drive="auto" if run else "manual", owe=run)
         if on_created is not None:
             on_created(h.session_id)
@@ -484,6 +483,14 @@ class Client:
                 return
 
 
+def check_prompt(query: UserQuery, max_bytes: int) -> None:
+    """The one rule on a prompt (start, and any later message): not empty, text within the limit
+    (attachments have their own, AGENTS_MEDIA_MAX_BYTES)."""
+    if not query.text.strip() and not query.media:
+        raise InvalidInput("the prompt is empty: give -p TEXT, --file PATH or --media PATH")
+    size = len(query.text.encode(errors="surrogatepass"))
+    if size > max_bytes:
+        raise InvalidInput(f"the prompt is {size} bytes, more than the limit of {max_bytes} (AGENTS_MAX_PROMPT_BYTES)")
 _WHOLE_ID = re.compile(r"^[0-9a-f]{32}$")
 _FINISHED = FINISHED_STATES
 _FINAL_EVENTS = frozenset({"completed", "failed", "cancelled"})

@@ -12,6 +12,7 @@ from celery_agents.tasks.queues import QueueProbe
 _SANDBOX_PARTS = (
     ("own_uid", "a uid per call"),
     ("run_cgroup", "a cgroup per call (memory and processes of the whole run)"),
+    ("namespaces", "namespaces of their own (network, other runs and the worker's processes hidden)"),
     ("bubblewrap", "bubblewrap (filesystem and network hidden)"),
 )
 
@@ -42,6 +43,26 @@ def _lapsed_leases(store: Any, older_than: float, limit: int = 1000) -> int:
     for i in range(len(calls)):
         n += int(bool(rows[base + 2 * i]) and not rows[base + 2 * i + 1])
     return n
+
+
+def _sandbox_check(worker: dict[str, Any]) -> dict[str, Any]:
+    """How an isolated worker confines calls. One that can contain nothing fails doctor (its
+    isolated calls all fail); one without bubblewrap is a warning (the filesystem stays readable)."""
+    box = worker["sandbox"]
+    name = f"sandbox on {worker['name']}"
+    # Heartbeats of workers from before `contained` existed: bubblewrap was their only containment.
+    contained = box.get("contained", bool(box.get("bubblewrap")))
+    if not contained:
+        why = box.get("why") or "it can neither run bubblewrap nor create namespaces"
+        return {"name": name, "ok": False, "fails_doctor": True, "detail": f"runs no isolated call: {why}"}
+    strengths = [text for key, text in _SANDBOX_PARTS if box.get(key)]
+    return {
+        "name": name,
+        "ok": bool(box.get("bubblewrap")),  # a warning only
+        "detail": "runIsolated calls get rlimits"
+        + "".join(f", {s}" for s in strengths)
+        + ("" if box.get("bubblewrap") else " — no bubblewrap: files others may read stay readable"),
+    }
 
 
 def diagnose(client: Any) -> dict[str, Any]:
@@ -92,19 +113,7 @@ def diagnose(client: Any) -> dict[str, Any]:
             + ("" if workers or client.inline else " — start one with `agents worker`"),
         }
     )
-    for w in workers:
-        box = w.get("sandbox")
-        if box is not None:
-            strengths = [name for key, name in _SANDBOX_PARTS if box.get(key)]
-            checks.append(
-                {
-                    "name": f"sandbox on {w['name']}",
-                    "ok": bool(box.get("bubblewrap")),  # a warning only: doctor does not fail on it
-                    "detail": "runIsolated calls get rlimits"
-                    + "".join(f", {s}" for s in strengths)
-                    + ("" if box.get("bubblewrap") else " — no bubblewrap: files and network stay reachable"),
-                }
-            )
+    checks += [_sandbox_check(w) for w in workers if w.get("sandbox") is not None]
     probe = QueueProbe(settings, r)
     queues = {q: head.depth for q, head in probe.heads(QUEUES).items()}
     probe.close()
@@ -161,7 +170,11 @@ def diagnose(client: Any) -> dict[str, Any]:
     )
     last_rejected = [{"id": eid, **fields} for eid, fields in (r.xrevrange(k.rejected, count=5) if rejected else [])]
     return {
-        "ok": all(c["ok"] for c in checks if c["name"] in ("redis", "broker", "workers", "owed steps", "queues")),
+        "ok": all(
+            c["ok"]
+            for c in checks
+            if c["name"] in ("redis", "broker", "workers", "owed steps", "queues") or c.get("fails_doctor")
+        ),
         "mode": "inline" if client.inline else "queue",
         "prefix": settings.prefix,
         "checks": checks,

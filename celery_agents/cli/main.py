@@ -431,7 +431,8 @@ def session_complete(
     with _command(as_json) as client:
         check_token_shape(token)
         raw = read_result(result_file)
-        value = raw.strip() if error or text else parse_result(raw, result_file)
+        max_bytes = client.settings.max_result_bytes
+        value = raw.strip() if error or text else parse_result(raw, max_bytes, result_file)
         outcome = client.complete(token, value, error=error, by=by)
         if as_json:
             emit_json(outcome.model_dump(mode="json"))
@@ -562,21 +563,44 @@ def worker(
     queues: Annotated[
         str, typer.Option("--queues", "-Q", help="Queues to consume, comma-separated.")
     ] = "steps,tools,isolated",
-    concurrency: Annotated[int, typer.Option("--concurrency", "-c", help="Worker processes.", min=1)] = 2,
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", "-c", help="Processes for tool calls (tools, isolated queues).", min=1)
+    ] = 2,
+    step_threads: Annotated[
+        int, typer.Option("--step-threads", help="Steps one steps process keeps in flight at once.", min=1)
+    ] = 200,
+    step_processes: Annotated[
+        int | None,
+        typer.Option("--step-processes", help="Processes for steps [default: one per core, at most 8].", min=1),
+    ] = None,
     name: Annotated[str | None, typer.Option("--name", "-n", help="Worker name (Celery hostname).")] = None,
     loglevel: Annotated[str, typer.Option("--loglevel", "-l", help="Log level.")] = "INFO",
 ) -> None:
-    """Run a Celery worker for steps and tool calls (on the embedded Redis when AGENTS_REDIS_URL is unset)."""
-    from celery_agents.tasks.config import QUEUES, worker_argv
+    """Run the workers for steps and tool calls (on the embedded Redis when AGENTS_REDIS_URL is unset).
+
+    Steps wait on the model in threads (--step-threads per process, --step-processes processes);
+    tool calls run in a prefork pool of --concurrency processes. One process supervises them all."""
+    import logging
+    import os
+    import socket
+
+    from celery_agents.tasks.config import QUEUES
+    from celery_agents.tasks.supervisor import Supervisor, WorkerPlan, default_step_processes
 
     wanted = [q.strip() for q in queues.split(",") if q.strip()]
     unknown = [q for q in wanted if q not in QUEUES]
     if unknown or not wanted:
         _fail(InvalidInput(f"unknown queue(s): {', '.join(unknown) or '(none given)'}; use {', '.join(QUEUES)}"), False)
-    from celery_agents.tasks import app as celery_app
-
-    argv = worker_argv(wanted, concurrency, loglevel, name)
-    celery_app.worker_main(argv)
+    logging.basicConfig(level=loglevel.upper(), format="[%(asctime)s: %(levelname)s/supervisor] %(message)s")
+    plan = WorkerPlan(
+        queues=wanted,
+        name=name or f"agents-{os.getpid()}@{socket.gethostname()}",
+        tool_processes=concurrency,
+        step_processes=step_processes or default_step_processes(),
+        step_threads=step_threads,
+        loglevel=loglevel,
+    )
+    raise typer.Exit(Supervisor(plan).run())
 
 
 @app.command()

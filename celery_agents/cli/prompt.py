@@ -120,25 +120,26 @@ def read_result(source: str) -> str:
     return raw
 
 
-def parse_result(raw: str, source: str = "-") -> object:
-    """JSON text is the result as that JSON value; any other text is the result as stripped text.
-    Text that starts like a JSON object or list but does not parse is refused (a typo would
-    otherwise reach the model as a string): `--text` records it as text."""
+def parse_result(raw: str, max_bytes: int, source: str = "-") -> object:
+    """JSON text is the result as that JSON value; any other text is the result as stripped text
+    (what refuses a result is `runtime.completions`, for the CLI and the stream alike). Text that
+    starts like a JSON object or list but does not parse is refused (a typo would otherwise reach
+    the model as a string): `--text` records it as text."""
     import json
 
     from celery_agents.runtime.completions import parse_result_text
 
-    stripped = raw.strip()
-    if stripped.startswith(("{", "[")):
+    value = parse_result_text(raw, max_bytes)
+    if isinstance(value, str) and value.startswith(("{", "[")):
         try:
-            json.loads(stripped)
+            json.loads(value)
         except json.JSONDecodeError as exc:
             where = "stdin" if source == "-" else source
             raise InvalidResult(
                 f"{where}: line {exc.lineno} column {exc.colno}: not valid JSON: {exc.msg} "
                 "(fix it, or pass --text to record it as text)"
             ) from None
-    return parse_result_text(raw)
+    return value
 
 
 _AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")

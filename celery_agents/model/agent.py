@@ -24,11 +24,24 @@ from pydantic import (
 )
 
 from celery_agents.errors import InvalidAgentFile
+from celery_agents.model.limits import UnusableJson, check_depth, load_json
+from celery_agents.model.mcp import McpServer, McpToolRef, normalise_servers
 
 DispositionTag = Literal["runSync", "runAsync", "runIsolated", "defer"]
 DISPOSITION_TAGS: tuple[str, ...] = ("runSync", "runAsync", "runIsolated", "defer")
 
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+#: model parameters that would choose the endpoint or the key behind `apiBase`/`apiKeyEnv`'s back
+_ENDPOINT_PARAMS = ("api_key", "api_base", "base_url", "apiKey", "apiBase", "baseUrl")
+
+
+def _key_variable(value: str | None) -> str | None:
+    """`apiKeyEnv` names the variable holding a provider's key, never a worker setting."""
+    if value is not None and value.upper().startswith("AGENTS_"):
+        raise ValueError(
+            f"apiKeyEnv names {value}, a setting of the worker: name the variable holding the provider's key"
+        )
+    return value
 
 
 class _Spec(BaseModel):
@@ -73,6 +86,8 @@ class Disposition(_Spec):
     backoff_seconds: float | None = Field(default=None, alias="backoffSeconds", ge=0, le=600)
     truncate: int | None = Field(default=None, gt=0)
     limits: Limits | None = None
+    #: runIsolated: whether the run keeps the network (None: the tool's `network`, cut by default)
+    network: bool | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -83,10 +98,20 @@ class Disposition(_Spec):
 
 
 class PolicyRule(_Spec):
-    """Calls of the tool named exactly `tool` get `disposition`."""
+    """Calls of the tool named `tool` get `disposition`; a `tool` ending in `*` names every tool
+    whose name starts with what comes before it (an exact rule beats such a prefix rule)."""
 
     tool: str
     disposition: Disposition
+
+    @property
+    def is_prefix(self) -> bool:
+        return self.tool.endswith("*")
+
+    def matches(self, tool_name: str) -> bool:
+        if self.is_prefix:
+            return tool_name.startswith(self.tool[:-1])
+        return tool_name == self.tool
 
 
 class ToolCallPolicy(_Spec):
@@ -112,7 +137,10 @@ class ScriptArg(_Spec):
 
 
 class ToolSpec(_Spec):
-    """One tool the model may call: exactly one of `command`, `python`, `script`, `external`.
+    """One tool the model may call: exactly one of `command`, `python`, `script`, `mcp`, `external`.
+
+    `mcp` tools are not written by hand: they are listed from the agent's `mcpServers` when the
+    file is loaded.
 
     `script` is an agents-exe style executable (`describe` / `run`); agents usually get such tools
     from a folder through `toolboxes` rather than writing them here. A `python` tool that declares
@@ -126,6 +154,8 @@ class ToolSpec(_Spec):
     python: str | None = None
     script: str | None = None
     external: bool = False
+    #: the MCP server tool this tool calls
+    mcp: McpToolRef | None = None
     #: how `run` of a `script` tool takes each argument (from its `describe`); none: JSON on stdin
     script_args: list[ScriptArg] | None = Field(default=None, alias="scriptArgs")
     #: the text answered when a `script` tool prints nothing
@@ -136,7 +166,7 @@ class ToolSpec(_Spec):
     env: list[str] = Field(default_factory=list)
     #: resource limits of this tool's runs (a disposition's `limits` override them)
     limits: Limits | None = None
-    #: an isolated run under bubblewrap keeps the network (it is cut by default)
+    #: an isolated run keeps the network (it is cut by default; a policy rule's `network` wins)
     network: bool = False
 
     @model_validator(mode="before")
@@ -202,17 +232,23 @@ class ToolSpec(_Spec):
 
     @model_validator(mode="after")
     def _one_kind(self) -> ToolSpec:
-        kinds = [k for k, v in (("command", self.command), ("python", self.python), ("script", self.script)) if v]
+        kinds = [
+            k
+            for k, v in (("command", self.command), ("python", self.python), ("script", self.script), ("mcp", self.mcp))
+            if v
+        ]
         kinds += ["external"] if self.external else []
         if len(kinds) != 1:
             raise ValueError(
-                f"tool {self.name!r} needs exactly one of command, python, script or external: true "
+                f"tool {self.name!r} needs exactly one of command, python, script, mcp or external: true "
                 f"(found {', '.join(kinds) or 'none'})"
             )
         return self
 
     @property
-    def kind(self) -> Literal["command", "python", "script", "external"]:
+    def kind(self) -> Literal["command", "python", "script", "mcp", "external"]:
+        if self.mcp:
+            return "mcp"
         if self.command:
             return "command"
         if self.python:
@@ -278,6 +314,11 @@ class FallbackModel(_Spec):
             return {"model": value}
         return value
 
+    @field_validator("api_key_env")
+    @classmethod
+    def _api_key_env(cls, value: str | None) -> str | None:
+        return _key_variable(value)
+
 
 class AgentSpec(_Spec):
     """An agent file, validated. `base_dir` is the folder relative command paths resolve against.
@@ -292,6 +333,8 @@ class AgentSpec(_Spec):
     api_key_env: str | None = Field(default=None, alias="apiKeyEnv")
     system_prompt: str | list[str] | None = Field(default=None, alias="systemPrompt")
     max_steps: int = Field(default=40, alias="maxSteps", ge=1, le=100_000)
+    #: calls of one model response that run; the ones beyond are answered with an error result
+    max_tool_calls_per_turn: int = Field(default=64, alias="maxToolCallsPerTurn", ge=1, le=10_000)
     tools: list[ToolSpec] = Field(default_factory=list)
     execution_mode: Literal["synchronous", "asynchronous"] | None = Field(default=None, alias="executionMode")
     tool_call_policy: ToolCallPolicy | None = Field(default=None, alias="toolCallPolicy")
@@ -310,6 +353,8 @@ class AgentSpec(_Spec):
     def ignored_fields(self) -> tuple[str, ...]:
         """Fields of the file, written as paths, that agents-exe knows and celery-agents ignores."""
         return self._ignored
+    #: MCP tool servers; their tools are listed into `tools` when the file is loaded
+    mcp_servers: list[McpServer] = Field(default_factory=list, alias="mcpServers")
 
     @model_validator(mode="before")
     @classmethod
@@ -326,11 +371,31 @@ class AgentSpec(_Spec):
     def _toolbox_aliases(cls, value: Any) -> Any:
         return _normalise_toolboxes(value) if isinstance(value, dict) else value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _server_map(cls, value: Any) -> Any:
+        return normalise_servers(value) if isinstance(value, dict) else value
+
     @field_validator("slug")
     @classmethod
     def _slug_shape(cls, value: str) -> str:
         if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", value):
             raise ValueError("a slug is 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
+        return value
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _api_key_env(cls, value: str | None) -> str | None:
+        return _key_variable(value)
+
+    @field_validator("model_params")
+    @classmethod
+    def _model_params(cls, value: dict[str, Any]) -> dict[str, Any]:
+        named = [k for k in _ENDPOINT_PARAMS if k in value]
+        if named:
+            raise ValueError(
+                f"modelParams may not set {', '.join(named)}: the endpoint is apiBase and the key is named by apiKeyEnv"
+            )
         return value
 
     @field_validator("model")
@@ -346,11 +411,19 @@ class AgentSpec(_Spec):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"tool names must be unique; repeated: {', '.join(dupes)}")
+        servers = [s.name for s in self.mcp_servers]
+        repeated = sorted({n for n in servers if servers.count(n) > 1})
+        if repeated:
+            raise ValueError(f"mcpServers names must be unique; repeated: {', '.join(repeated)}")
+        for tool in self.tools:
+            if tool.mcp is not None and tool.mcp.server not in servers:
+                raise ValueError(f"tool {tool.name!r} calls MCP server {tool.mcp.server!r}, which mcpServers lacks")
         if self.tool_call_policy:
             for i, rule in enumerate(self.tool_call_policy.rules):
-                if rule.tool not in names:
+                if not any(rule.matches(n) for n in names):
+                    what = "matches no tool" if rule.is_prefix else "names a tool"
                     raise ValueError(
-                        f"toolCallPolicy.rules[{i}] names tool {rule.tool!r}, which the agent does not declare "
+                        f"toolCallPolicy.rules[{i}] {what} {rule.tool!r}, which the agent does not declare "
                         f"(declared: {', '.join(names) or 'none'}); fix the name or add the tool"
                     )
         return self
@@ -367,6 +440,9 @@ class AgentSpec(_Spec):
         if isinstance(self.system_prompt, list):
             return "\n".join(self.system_prompt)
         return self.system_prompt
+
+    def mcp_server(self, name: str) -> McpServer | None:
+        return next((s for s in self.mcp_servers if s.name == name), None)
 
     def tool(self, name: str) -> ToolSpec | None:
         for t in self.tools:
@@ -569,6 +645,10 @@ def parse_agent(data: Any, source: str = "<agent>", base_dir: str | None = None)
     that celery-agents does not use is accepted and listed in `ignored_fields`."""
     if not isinstance(data, dict):
         raise InvalidAgentFile(f"{source}: (top level): an agent file is a JSON object (give {{...}})")
+    try:
+        check_depth(data)
+    except UnusableJson as exc:
+        raise InvalidAgentFile(f"{source}: (top level): not a usable agent file: {exc}", file=source) from None
     unknown: list[str] = []
     ignored: list[str] = []
     _check_fields(AgentSpec, data, "", unknown, ignored)
@@ -578,6 +658,10 @@ def parse_agent(data: Any, source: str = "<agent>", base_dir: str | None = None)
         data = {**data, "baseDir": base_dir}
     if any(k in data for k in ("toolboxes", "toolDirectory", "bashToolboxes")):
         data = _with_toolbox_tools(data, source)
+    if data.get("mcpServers"):
+        from celery_agents.tools.mcp.listing import with_mcp_tools
+
+        data = with_mcp_tools(data, source)
     try:
         spec = AgentSpec.model_validate(data, context={"base_dir": data.get("baseDir")})
         spec._ignored = tuple(ignored)
@@ -625,10 +709,12 @@ def load_agent_file(path: str | Path) -> AgentSpec:
     except (OSError, UnicodeDecodeError) as exc:
         raise InvalidAgentFile(f"{p}: cannot read it: {exc}", file=str(p)) from None
     try:
-        data = json.loads(raw)
+        data = load_json(raw)
     except json.JSONDecodeError as exc:
         raise InvalidAgentFile(
             f"{p}: line {exc.lineno} column {exc.colno}: not valid JSON: {exc.msg} (fix the JSON syntax)",
             file=str(p),
         ) from None
+    except UnusableJson as exc:
+        raise InvalidAgentFile(f"{p}: (top level): not a usable agent file: {exc}", file=str(p)) from None
     return parse_agent(data, str(p), base_dir=str(p.resolve().parent))

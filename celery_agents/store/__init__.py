@@ -8,6 +8,7 @@ from celery_agents.store.embedded import EmbeddedRedis
 from celery_agents.store.keys import FINISHED_STATES, Keys
 from celery_agents.store.store import (
     Finished,
+    LeaseLost,
     Loaded,
     Store,
     check_session_id,
@@ -23,6 +24,7 @@ __all__ = [
     "EmbeddedRedis",
     "Finished",
     "Keys",
+    "LeaseLost",
     "Loaded",
     "Store",
     "broker_url",

@@ -74,6 +74,11 @@ class Keys:
         """Hash: one continuation token."""
         return self.session(sid, f"tok:{secret}")
 
+    def request(self, sid: str, request_id: str) -> str:
+        """String, kept minutes: the reply of a script call (`store/lua/_lib.lua` `once`), so that a
+        call retried after its reply was lost gets the first outcome instead of running again."""
+        return self.session(sid, f"req:{request_id}")
+
     def session_keys(self, sid: str) -> list[str]:
         return [self.session(sid, n) for n in SESSION_KEY_NAMES]
 
@@ -125,8 +130,9 @@ class Keys:
             self.state_index(s) for s in STORED_STATES
         ]
 
-    def script_keys(self, sid: str, *extra: str) -> list[str]:
-        return [*self.session_keys(sid), *self.global_keys(), *extra]
+    def script_keys(self, sid: str, request_id: str, *extra: str) -> list[str]:
+        """A session script's keys: the session's, the shared ones, the call's request key, extras."""
+        return [*self.session_keys(sid), *self.global_keys(), self.request(sid, request_id), *extra]
 
     def agent(self, content_hash: str) -> str:
         """String: an agent spec (canonical JSON), stored once per content hash."""

@@ -48,6 +48,9 @@ from celery_agents.model import (
 from celery_agents.store.keys import Keys
 from celery_agents.store.scripts import Scripts
 
+#: A step's journal outlives any step that could still reuse it (redelivery comes within hours).
+JOURNAL_TTL_S = 86400
+
 _SID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _SECRET = re.compile(r"^[A-Za-z0-9_-]{16,128}$")
 _TURN: TypeAdapter[UserTurn | LlmTurn] = TypeAdapter(StoredTurn)
@@ -78,6 +81,11 @@ def check_session_id(session_id: str) -> str:
     if not _SID.match(session_id):
         raise UnknownSession(f"unknown session {session_id[:80]!r}", session_id=session_id)
     return session_id
+
+
+class LeaseLost(Exception):
+    """A step's session lease is held by another worker, or the session moved past the step's
+    version: the step must start nothing more and write nothing (fencing)."""
 
 
 @dataclass
@@ -214,10 +222,11 @@ class Store:
         self, name: str, sid: str, args: list[Any], extra_keys: tuple[str, ...] = (), now: float | None = None
     ) -> Any:
         now = time.time() if now is None else now
+        # One id per call: the client's retries after a lost reply resend it, and the script
+        # answers them with the first reply (`once` in store/lua/_lib.lua).
+        keys = self.keys.script_keys(sid, uuid.uuid4().hex, *extra_keys)
         try:
-            return self.scripts.run(
-                name, self.keys.script_keys(sid, *extra_keys), [repr(now), self.settings.events_maxlen, sid, *args]
-            )
+            return self.scripts.run(name, keys, [repr(now), self.settings.events_maxlen, sid, *args])
         except redis.ConnectionError as exc:
             raise RedisUnavailable(f"cannot reach Redis: {exc}") from exc
 
@@ -540,9 +549,18 @@ class Store:
     def journal_get(self, session_id: str, field: str) -> str | None:
         return cast("str | None", self.client.hget(self.keys.journal(session_id), field))
 
-    def journal_put(self, session_id: str, field: str, value: str) -> str:
-        """Record work done in this step; returns the first recorded value (which wins)."""
-        return str(self.scripts.run("journal_put", [self.keys.journal(session_id)], [field, value]))
+    def journal_put(self, session_id: str, field: str, value: str, owner: str, version: int) -> str:
+        """Record work done in this step; returns the first recorded value (which wins). Raises
+        `LeaseLost` when the step at `version`, run by `owner`, was taken over or overtaken."""
+        k = self.keys
+        res = self.scripts.run(
+            "journal_put",
+            [k.journal(session_id), k.lease(session_id), k.meta(session_id)],
+            [field, value, owner, version, JOURNAL_TTL_S],
+        )
+        if res[0] != "ok":
+            raise LeaseLost(f"the step of session {session_id} at version {version} lost its lease ({res[1]})")
+        return str(res[1])
 
     # -- calls and tokens --------------------------------------------------------------------
     def record_result(self, session_id: str, field: str, outcome: str, event: dict[str, Any]) -> Finished:
