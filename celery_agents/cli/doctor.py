@@ -233,7 +233,10 @@ def diagnose(client: Any) -> dict[str, Any]:
         "sessions": states,
         # MEMORY USAGE of the most recent sessions' keys, averaged: what one more session costs.
         "memory_per_session_bytes": sampled_bytes // sampled if sampled else None,
-        "retention_days": settings.retention_days,
+        # The workers purge: their setting is the one that holds (the shortest, if they differ).
+        "retention_days": min(
+            (w["retention_days"] for w in workers if w.get("retention_days")), default=settings.retention_days
+        ),
     }
 
 

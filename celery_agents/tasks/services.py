@@ -157,7 +157,13 @@ class WorkerServices:
                 store = worker_context(self.settings).store
                 probe = probe or QueueProbe(self.settings, store.client)
                 now = time.time()
-                beat = {"pid": os.getpid(), "host": socket.gethostname(), "at": now, "queues": self.queues}
+                beat = {
+                    "pid": os.getpid(),
+                    "host": socket.gethostname(),
+                    "at": now,
+                    "queues": self.queues,
+                    "retention_days": self.settings.retention_days,
+                }
                 if "isolated" in self.queues:
                     beat["sandbox"] = self._sandbox()
                 store.client.hset(store.keys.workers, self.name, json.dumps(beat))
