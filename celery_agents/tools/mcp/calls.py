@@ -85,7 +85,8 @@ def _isolated(
     paths = python_paths()
     request = {
         "path": paths,
-        "target": {"argv": list(target.argv), "env": dict(target.env), "cwd": target.cwd, "url": target.url},
+        # The server works in the run's own directory, as a sandboxed command does.
+        "target": {"argv": list(target.argv), "env": dict(target.env), "cwd": None, "url": target.url},
         "headers": dict(target.headers),
         "label": target.label,
         "tool": tool,
