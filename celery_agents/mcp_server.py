@@ -131,5 +131,9 @@ def build_server(tools: SessionTools) -> Any:
 
 def serve_stdio(wait_seconds: float = 120.0) -> None:
     """Serve over stdin/stdout until the client closes them."""
+    import importlib.util
+
+    if importlib.util.find_spec("mcp") is None:
+        raise InvalidInput("agents mcp-server needs the MCP SDK: pip install 'celery-agents[mcp]'")
     with Client() as client:
         build_server(SessionTools(client, wait_seconds)).run("stdio")

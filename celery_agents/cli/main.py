@@ -420,7 +420,10 @@ def mcp_server(
     """Serve celery-agents as an MCP server on stdio: start_session, session_status, pending, complete."""
     from celery_agents.mcp_server import serve_stdio
 
-    serve_stdio(wait)
+    try:
+        serve_stdio(wait)
+    except AgentsError as exc:
+        _fail(exc, False)
 
 
 @app.command()

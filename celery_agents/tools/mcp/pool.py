@@ -15,6 +15,7 @@ import asyncio
 import atexit
 import concurrent.futures
 import contextlib
+import importlib.util
 import logging
 import os
 import tempfile
@@ -191,6 +192,9 @@ class McpPool:
 
     def _wait(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
         """Run `coro` on the loop; a cancelled session stops waiting (and the call) at once."""
+        if importlib.util.find_spec("mcp") is None:
+            coro.close()
+            raise McpCallError("MCP servers need the MCP SDK here: pip install 'celery-agents[mcp]'")
         future = asyncio.run_coroutine_threadsafe(coro, self._running_loop())
         waited = 0.0
         while True:
