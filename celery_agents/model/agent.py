@@ -651,6 +651,7 @@ def parse_agent(data: Any, source: str = "<agent>", base_dir: str | None = None)
         raise InvalidAgentFile(f"{source}: (top level): not a usable agent file: {exc}", file=source) from None
     unknown: list[str] = []
     ignored: list[str] = []
+    data = normalise_servers(data)
     _check_fields(AgentSpec, data, "", unknown, ignored)
     if unknown:
         raise InvalidAgentFile("\n".join(f"{source}: {line}" for line in unknown), file=source)

@@ -43,11 +43,7 @@ class McpServer(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _command_and_args(cls, value: Any) -> Any:
-        if isinstance(value, dict) and isinstance(value.get("command"), str):
-            value = dict(value)
-            args = value.pop("args", None) or []
-            value["command"] = [value["command"], *args] if isinstance(args, list) else value["command"]
-        return value
+        return _command_list(value)
 
     @field_validator("name")
     @classmethod
@@ -123,9 +119,20 @@ def mcp_tool_name(server: str, tool: str) -> str:
 
 
 def normalise_servers(value: dict[str, Any]) -> dict[str, Any]:
-    """`mcpServers` written as an object keyed by name (the Claude Desktop form) as the list."""
+    """`mcpServers` written the Claude Desktop way (an object keyed by name, `command` a string
+    with `args`) as the list of entries with `command` lists."""
     servers = value.get("mcpServers")
-    if not isinstance(servers, dict):
+    if isinstance(servers, dict):
+        servers = [{"name": name, **spec} if isinstance(spec, dict) else spec for name, spec in servers.items()]
+    if not isinstance(servers, list):
         return value
-    listed = [{"name": name, **spec} if isinstance(spec, dict) else spec for name, spec in servers.items()]
-    return {**value, "mcpServers": listed}
+    return {**value, "mcpServers": [_command_list(s) for s in servers]}
+
+
+def _command_list(server: Any) -> Any:
+    if not isinstance(server, dict) or not isinstance(server.get("command"), str):
+        return server
+    server = dict(server)
+    args = server.pop("args", None) or []
+    server["command"] = [server["command"], *args] if isinstance(args, list) else server["command"]
+    return server
