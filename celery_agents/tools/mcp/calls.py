@@ -114,7 +114,10 @@ def _isolated(
     except json.JSONDecodeError:
         answer = None
     if isinstance(answer, dict) and "error" in answer:
-        err = McpCallError(str(answer["error"]), timed_out=bool(answer.get("timed_out")))
+        text = str(answer["error"])
+        if target.url is not None and not spec.network:
+            text += ' (a runIsolated call has no network unless its server entry says "network": true)'
+        err = McpCallError(text, timed_out=bool(answer.get("timed_out")))
         return failed(err, proc.duration_ms), run
     if isinstance(answer, dict) and isinstance(answer.get("result"), dict):
         return outcome_of_result(answer["result"], cap, proc.duration_ms), run

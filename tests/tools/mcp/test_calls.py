@@ -132,3 +132,19 @@ def test_an_isolated_call_starts_the_server_inside_the_sandbox_for_that_call(age
     assert any(k.startswith("HOME") for k in out.result["env"])
     image = run(agent, "mcp__sample__image", {}, isolated=True)
     assert [m.mime_type for m in image.media] == ["image/png"]
+
+
+def test_an_isolated_call_of_an_http_server_needs_the_network_its_entry_allows(
+    http_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from celery_agents.tools import Sandbox, SandboxConfig
+
+    if Sandbox(SandboxConfig()).bwrap() is None:
+        pytest.skip("only bubblewrap cuts the network here")
+    monkeypatch.setenv("SAMPLE_TOKEN", "Bearer t0ken")
+    entry = {"name": "web", "url": http_server, "headersEnv": {"Authorization": "SAMPLE_TOKEN"}}
+    cut = run(mcp_agent([entry]), "mcp__web__add", {"a": 1, "b": 2}, isolated=True)
+    assert cut.state == "failed" and '"network": true' in (cut.error or "")
+    allowed = run(mcp_agent([{**entry, "network": True}]), "mcp__web__whoami", {}, isolated=True)
+    assert allowed.state == "completed", allowed.error
+    assert allowed.result["authorization"] == "Bearer t0ken"
