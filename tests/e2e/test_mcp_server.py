@@ -106,3 +106,52 @@ def test_mcp_server_on_the_embedded_default_with_no_worker(llm_server: LlmServer
     assert "AGENTS_REDIS_URL" not in env and os.environ.get("AGENTS_REDIS_URL") is None
     seen = asyncio.run(drive(env, agent))
     check(seen, llm_server, scenario)
+
+
+def test_agents_run_on_the_embedded_default_lists_and_calls_mcp_servers(llm_server: LlmServer, tmp_path: Path) -> None:
+    """No Redis URL, no worker: the CLI lists the servers, runs the calls itself (runSync inline,
+    runAsync dispatched to itself), and leaves no server running when it exits."""
+    import subprocess
+
+    from tests.tools.mcp.conftest import SAMPLE, TIME_SERVER
+
+    scenario = llm_server.scenario(
+        [
+            calls(("mcp__sample__add", {"a": 20, "b": 22}), ("mcp__time__get_current_time", {"timezone": "UTC"})),
+            text("42, at some time"),
+        ]
+    )
+    agent = tmp_path / "local.json"
+    log = tmp_path / "calls.log"
+    agent.write_text(
+        json.dumps(
+            {
+                "slug": "local-mcp",
+                "model": f"openai/{scenario}",
+                "apiBase": llm_server.url,
+                "mcpServers": {
+                    "sample": {"command": sys.executable, "args": [str(SAMPLE)], "env": {"CALL_LOG": str(log)}},
+                    "time": {"command": TIME_SERVER},
+                },
+                "toolCallPolicy": {"rules": [{"tool": "mcp__time__*", "disposition": "runAsync"}]},
+            }
+        )
+    )
+    env = worker_env(None, "agents", home=tmp_path / "home")
+    done = subprocess.run(
+        [sys.executable, "-m", "celery_agents.cli.main", "run", "--agent-file", str(agent), "-p", "add", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr
+    view = json.loads(done.stdout)
+    assert (view["state"], view["response"]) == ("completed", "42, at some time")
+    answers = [m["content"] for m in llm_server.requests[scenario][-1]["messages"] if m["role"] == "tool"]
+    assert json.loads(answers[0]) == {"result": 42} and json.loads(answers[1])["timezone"] == "UTC"
+    (line,) = log.read_text().splitlines()
+    server_pid = int(line.split()[1])
+    from tests.support.workers import pid_alive
+
+    assert not pid_alive(server_pid), "the CLI stopped the server it started"
