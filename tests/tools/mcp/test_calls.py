@@ -148,3 +148,8 @@ def test_an_isolated_call_of_an_http_server_needs_the_network_its_entry_allows(
     allowed = run(mcp_agent([{**entry, "network": True}]), "mcp__web__whoami", {}, isolated=True)
     assert allowed.state == "completed", allowed.error
     assert allowed.result["authorization"] == "Bearer t0ken"
+    rule = {"tool": "mcp__web__*", "disposition": {"tag": "runIsolated", "network": True}}
+    by_rule = run(
+        mcp_agent([entry], rules=[rule], executionMode="asynchronous"), "mcp__web__add", {"a": 1, "b": 2}, isolated=True
+    )
+    assert (by_rule.state, by_rule.result) == ("completed", {"result": 3}), "a rule's network: true opens it too"
