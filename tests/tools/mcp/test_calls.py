@@ -153,3 +153,14 @@ def test_an_isolated_call_of_an_http_server_needs_the_network_its_entry_allows(
         mcp_agent([entry], rules=[rule], executionMode="asynchronous"), "mcp__web__add", {"a": 1, "b": 2}, isolated=True
     )
     assert (by_rule.state, by_rule.result) == ("completed", {"result": 3}), "a rule's network: true opens it too"
+
+
+def test_pass_env_gives_a_stdio_server_a_secret_that_is_never_stored(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SAMPLE_SECRET", "s3cret-value")
+    monkeypatch.setenv("OTHER_SECRET", "not-for-the-server")
+    agent = mcp_agent([sample_stdio(name="keyed", passEnv=["SAMPLE_SECRET"])])
+    assert "s3cret-value" not in agent.to_json()
+    for isolated in (False, True):
+        out = run(agent, "mcp__keyed__whoami", {}, isolated=isolated)
+        assert out.state == "completed", out.error
+        assert "SAMPLE_SECRET" in out.result["env"] and "OTHER_SECRET" not in out.result["env"], isolated
