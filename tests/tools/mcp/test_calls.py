@@ -164,3 +164,18 @@ def test_pass_env_gives_a_stdio_server_a_secret_that_is_never_stored(monkeypatch
         out = run(agent, "mcp__keyed__whoami", {}, isolated=isolated)
         assert out.state == "completed", out.error
         assert "SAMPLE_SECRET" in out.result["env"] and "OTHER_SECRET" not in out.result["env"], isolated
+
+
+def test_a_call_stops_when_its_session_is_cancelled() -> None:
+    import threading
+
+    from celery_agents.tools.cancel import cancellable
+
+    long = mcp_agent([sample_stdio()])  # no timeout rule: the default 300 s
+    stop = threading.Event()
+    threading.Timer(1.0, stop.set).start()
+    started = time.monotonic()
+    with cancellable(stop):
+        out = run(long, "mcp__sample__sleep", {"seconds": 60})
+    assert out.state == "failed" and "cancelled" in (out.error or "")
+    assert time.monotonic() - started < 10
