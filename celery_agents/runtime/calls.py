@@ -6,9 +6,9 @@ import contextlib
 import time
 from dataclasses import dataclass
 
-from celery_agents.errors import UntrustedSpec
 from redis.exceptions import LockError
 
+from celery_agents.errors import UntrustedSpec
 from celery_agents.model import CallState, TrackedCall
 from celery_agents.runtime.lease import LeaseKeeper
 from celery_agents.scheduler.ports import ToolPort

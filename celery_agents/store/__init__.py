@@ -21,8 +21,8 @@ from celery_agents.store.store import (
 from celery_agents.store.stream import COMPLETIONS_GROUP, CompletionStream, GroupState, RawEntry
 
 __all__ = [
-    "FINISHED_STATES",
     "COMPLETIONS_GROUP",
+    "FINISHED_STATES",
     "CompletionStream",
     "EmbeddedRedis",
     "Finished",
