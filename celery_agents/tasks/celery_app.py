@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from celery_agents.config import Settings
+from celery_agents.tasks import broker
 from celery_agents.tasks.config import make_app
 
+# Only workers consume: the CLI publishes through `tasks.config` and never imports this module.
+broker.install()
 settings = Settings.from_env()
 app = make_app(settings)
 
 # Registering the tasks and signal handlers needs `app` defined above.
-from celery_agents.tasks import calls, services, step  # noqa: E402,F401
+from celery_agents.tasks import calls, mcp_servers, services, step  # noqa: E402,F401

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,12 +45,15 @@ class Worker:
         concurrency: int = 2,
         log: Path | None = None,
         name: str | None = None,
+        prefix: Sequence[str] = (),
         step_processes: int = 1,
         step_threads: int | None = None,
     ) -> None:
+        """`prefix`: an argv the worker command runs under (tests/support/confinement.py)."""
         self.env = env
         self.name = name or f"w{os.getpid()}-{time.monotonic_ns()}@test"
         self.args = [
+            *prefix,
             sys.executable,
             "-m",
             "celery_agents.cli.main",
