@@ -132,7 +132,9 @@ class Supervisor:
     def run(self) -> int:
         from celery_agents.tasks.celery_app import settings
         from celery_agents.tasks.services import WorkerServices, worker_resources
+        from celery_agents.tools.sandbox import protect_process
 
+        protect_process()  # as every worker process: tools running as our user cannot read our keys
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
             signal.signal(sig, self._on_signal)
         ready_r, ready_w = os.pipe()
