@@ -111,8 +111,10 @@ class ToolRunner:
         if tool.mcp:
             from celery_agents.tools.mcp.calls import call_mcp
 
+            # The rule's `network` wins over the server's, as for every isolated tool.
+            chosen = tool.model_copy(update={"network": _network(tool, agent, call.tool)})
             outcome, run = call_mcp(
-                agent, tool, args, limits, timeout, session_id, call, self.sandbox if self.isolated else None
+                agent, chosen, args, limits, timeout, session_id, call, self.sandbox if self.isolated else None
             )
             return outcome if run is None else _with_sandbox(outcome, run)
         if tool.script:
