@@ -491,6 +491,8 @@ def check_prompt(query: UserQuery, max_bytes: int) -> None:
     size = len(query.text.encode(errors="surrogatepass"))
     if size > max_bytes:
         raise InvalidInput(f"the prompt is {size} bytes, more than the limit of {max_bytes} (AGENTS_MAX_PROMPT_BYTES)")
+
+
 _WHOLE_ID = re.compile(r"^[0-9a-f]{32}$")
 _FINISHED = FINISHED_STATES
 _FINAL_EVENTS = frozenset({"completed", "failed", "cancelled"})

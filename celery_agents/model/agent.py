@@ -353,6 +353,7 @@ class AgentSpec(_Spec):
     def ignored_fields(self) -> tuple[str, ...]:
         """Fields of the file, written as paths, that agents-exe knows and celery-agents ignores."""
         return self._ignored
+
     #: MCP tool servers; their tools are listed into `tools` when the file is loaded
     mcp_servers: list[McpServer] = Field(default_factory=list, alias="mcpServers")
 

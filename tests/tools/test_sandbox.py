@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import os
 import resource
+import shutil
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -67,8 +69,6 @@ def test_the_worker_secrets_are_not_in_the_tool_environment(
 
 
 def test_writing_outside_its_directory_is_refused(isolated: ToolRunner, level: str, tooldir: Path) -> None:
-    if level == "namespaces" and not own_uid_possible():
-        pytest.skip("without bubblewrap only a root worker (which runs tools under their own uid) can refuse this")
     victim = tooldir / "worker-data.txt"
     victim.write_text("precious")
     victim.chmod(0o644)
@@ -92,6 +92,16 @@ def test_writing_outside_its_directory_is_refused(isolated: ToolRunner, level: s
     out = run_tool(isolated, agent, "tmp")
     assert out.state == "completed", out.error
     assert not escape.exists(), "/tmp is the run's own"
+    shared = Path(tempfile.mkdtemp(prefix="agents-shared-", dir="/var/tmp"))
+    shared.chmod(0o1777)  # a folder every user may write, outside /tmp
+    try:
+        drop = make_agent([tool("drop", f"open({str(shared / 'dropped')!r}, 'w').write('x')")])
+        out = run_tool(isolated, drop, "drop")
+        # Read-only without bubblewrap; not even there under it.
+        assert out.state == "failed" and ("Read-only" in (out.error or "") or "No such file" in (out.error or ""))
+        assert not (shared / "dropped").exists()
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
 
 
 def test_allocating_past_the_memory_limit_fails_the_call(isolated: ToolRunner) -> None:
