@@ -64,16 +64,32 @@ class SandboxConfig:
     uid: str = "auto"
     root: str | None = None
     cgroup: str = "auto"
+    #: folders a run without bubblewrap must not see: the worker's home (the embedded Redis's
+    #: socket) and the folders of Redis or broker unix sockets (a network namespace does not cut
+    #: those)
+    hidden: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls) -> SandboxConfig:
         env = os.environ
+        home = env.get("AGENTS_HOME") or "~/.local/share/celery-agents"
+        sockets = [_socket_folder(env.get(name) or "") for name in ("AGENTS_REDIS_URL", "AGENTS_BROKER_URL")]
         return cls(
             bwrap=(env.get("AGENTS_SANDBOX_BWRAP") or "auto").lower(),
             uid=(env.get("AGENTS_SANDBOX_UID") or "auto").lower(),
             root=env.get("AGENTS_SANDBOX_DIR") or None,
             cgroup=(env.get("AGENTS_SANDBOX_CGROUP") or "auto").lower(),
+            hidden=tuple(dict.fromkeys(p for p in [os.path.expanduser(home), *sockets] if p)),
         )
+
+
+def _socket_folder(url: str) -> str | None:
+    """The folder of a unix socket URL (`unix:///run/redis.sock`, `redis+socket://…`), else None."""
+    scheme, _, rest = url.partition("://")
+    if scheme not in ("unix", "redis+socket", "socket"):
+        return None
+    path = rest.split("?", 1)[0]
+    return os.path.dirname(path) if path.startswith("/") else None
 
 
 @dataclass
@@ -325,7 +341,7 @@ class Sandbox:
                 "grace": grace,
                 "status_fd": status_w,
                 "cgroup_procs": cgroup.procs_files if cgroup else [],
-                "namespaces": _namespaces(workdir, network, readable) if isolate else None,
+                "namespaces": _namespaces(workdir, network, readable, self.config.hidden) if isolate else None,
             }
             launcher = [sys.executable, "-I", "-S", "-B", CONFINE, json.dumps(cfg)]
             result = run_process(
@@ -370,14 +386,15 @@ class Wrap:
     network: bool
 
 
-def _namespaces(workdir: str, network: bool, keep: Sequence[str]) -> dict[str, object]:
-    """What `confine.py` sets up without bubblewrap: the folder holding the run directories (and
-    /tmp) hidden but for this run's own and the files the tool needs."""
+def _namespaces(workdir: str, network: bool, keep: Sequence[str], hidden: Sequence[str]) -> dict[str, object]:
+    """What `confine.py` sets up without bubblewrap: the folder holding the run directories, /tmp
+    and the worker's own folders hidden but for this run's directory and the files the tool needs."""
+    folders = [os.path.dirname(workdir), *(h for h in hidden if h != "/" and os.path.isdir(h))]
     return {
         "user": os.geteuid() != 0,
         "network": network,
         "workdir": workdir,
-        "hide": [os.path.dirname(workdir)],
+        "hide": list(dict.fromkeys(folders)),
         "keep": list(dict.fromkeys(os.path.abspath(p) for p in keep)),
     }
 

@@ -234,6 +234,29 @@ def test_the_network_is_cut_unless_the_tool_or_its_rule_asks_for_it(isolated: To
             assert allowed.state == "completed" and allowed.result == "connected", allowed.error
 
 
+def test_a_redis_unix_socket_is_out_of_reach_too(level: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A network namespace does not cut unix sockets: the folder of the worker's Redis socket (and
+    its AGENTS_HOME, where the embedded Redis listens) is hidden from the run."""
+    import socket
+
+    folder = Path(tempfile.mkdtemp(prefix="agents-redis-", dir="/var/tmp"))
+    folder.chmod(0o755)
+    path = folder / "redis.sock"
+    monkeypatch.setenv("AGENTS_REDIS_URL", f"unix://{path}?db=0")
+    monkeypatch.setenv("AGENTS_SANDBOX_BWRAP", "require" if level == "bwrap" else "off")
+    runner = ToolRunner(isolated=True, sandbox=Sandbox(SandboxConfig.from_env()))
+    code = f"import socket; s = socket.socket(socket.AF_UNIX); s.connect({str(path)!r}); print('connected')"
+    try:
+        with socket.socket(socket.AF_UNIX) as server:
+            server.bind(str(path))
+            path.chmod(0o777)  # any uid may connect: only the sandbox stands in the way
+            server.listen(4)
+            out = run_tool(runner, make_agent([tool("unix", code)]), "unix")
+        assert out.state == "failed" and "No such file" in (out.error or ""), (out.state, out.result, out.error)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 FORKING_HOG = """
 import os, sys
 children = []
