@@ -34,6 +34,7 @@ import sys
 import time
 from typing import Any
 
+_PR_SET_DUMPABLE = 4
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_NO_NEW_PRIVS = 38
 _CLONE_NEWNS, _CLONE_NEWIPC, _CLONE_NEWUSER = 0x00020000, 0x08000000, 0x10000000
@@ -207,6 +208,9 @@ def _isolate(ns: dict[str, Any]) -> None:
         _write("/proc/self/gid_map", f"{gid} {gid} 1")
     status_r, status_w = os.pipe()
     pid = os.fork()
+    # Neither relay may be ptraced by the tool: pid 1 holds every capability of the namespaces
+    # (the tool's exec makes the tool dumpable again; nothing of ours is).
+    _prctl(_PR_SET_DUMPABLE, 0)
     if pid:
         os.close(status_w)
         _relay(pid, status_r)

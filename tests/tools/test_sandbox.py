@@ -317,3 +317,20 @@ else:
     os.waitpid(pid, 0)
     print("forked")
 """
+
+
+def test_without_bubblewrap_the_tool_cannot_look_into_the_sandbox_s_own_processes(level: str) -> None:
+    """Pid 1 of the run's namespaces holds their capabilities: the tool must not ptrace it."""
+    if level != "namespaces":
+        pytest.skip("bubblewrap's own init is bubblewrap's business")
+    runner = ToolRunner(isolated=True, sandbox=Sandbox(SandboxConfig(bwrap="off")))
+    code = (
+        "import json, os\nout = {}\nfor name in ('environ', 'mem', 'root/'):\n"
+        "    try:\n        os.listdir('/proc/1/root') if name == 'root/' else open('/proc/1/' + name, 'rb').read(1)\n"
+        "        out[name] = 'open'\n    except OSError as exc:\n        out[name] = exc.strerror\n"
+        "print(json.dumps({'pids': sorted(int(p) for p in os.listdir('/proc') if p.isdigit()), **out}))"
+    )
+    out = run_tool(runner, make_agent([tool("peek1", code)]), "peek1")
+    assert out.state == "completed", out.error
+    assert out.result["pids"] == [1, 2], "the run sees its own processes only (pid 1 and itself)"
+    assert {out.result[k] for k in ("environ", "mem", "root/")} == {"Permission denied"}, out.result
