@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SECRET = "sk-measure-worker-secret"
 PROBE = r"""
 import json, os, socket, sys
-redis_port, net_host, net_port, neighbour, secret = sys.argv[1:6]
+redis_port, net_host, net_port, neighbour, secret, shared, sock = sys.argv[1:8]
 def connect(host, port):
     try:
         socket.create_connection((host, int(port)), timeout=2).close()
@@ -43,7 +43,19 @@ try:
     other = "readable: " + open(os.path.join(neighbour, "secret.txt")).read()
 except OSError as exc:
     other = "unreachable (" + (exc.strerror or type(exc).__name__) + ")"
-print(json.dumps({"uid": os.getuid(), "redis": connect("127.0.0.1", redis_port),
+try:
+    open(os.path.join(shared, "dropped"), "w").write("x")
+    wrote = "written"
+except OSError as exc:
+    wrote = "refused (" + (exc.strerror or type(exc).__name__) + ")"
+try:
+    unix = socket.socket(socket.AF_UNIX)
+    unix.connect(sock)
+    redis_unix = "reachable"
+except OSError as exc:
+    redis_unix = "cut (" + (exc.strerror or type(exc).__name__) + ")"
+print(json.dumps({"uid": os.getuid(), "redis": connect("127.0.0.1", redis_port), "redis_unix": redis_unix,
+                  "write_shared": wrote,
                   "network": connect(net_host, net_port), "environ": hits, "other_run": other}))
 """
 
@@ -52,17 +64,32 @@ def measure_one(bwrap: str, redis_port: int, net_host: str, net_port: int, root:
     """In the mode's own process: one hostile run, then ten trivial ones."""
     from celery_agents.tools.sandbox import Sandbox, SandboxConfig, SandboxUnavailable
 
-    box = Sandbox(SandboxConfig(bwrap=bwrap, root=root))
+    # The worker's Redis listens on a unix socket too (AGENTS_REDIS_URL names it).
+    sockets = tempfile.mkdtemp(prefix="agents-redis-", dir="/var/tmp")
+    os.chmod(sockets, 0o755)
+    sock = os.path.join(sockets, "redis.sock")
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(sock)
+    os.chmod(sock, 0o777)
+    listener.listen(4)
+    os.environ["AGENTS_REDIS_URL"] = f"unix://{sock}"
+    os.environ["AGENTS_SANDBOX_BWRAP"], os.environ["AGENTS_SANDBOX_DIR"] = bwrap, root
+    box = Sandbox(SandboxConfig.from_env())
+    shared = tempfile.mkdtemp(prefix="agents-shared-", dir="/var/tmp")  # writable by every user
+    os.chmod(shared, 0o1777)
     neighbour = tempfile.mkdtemp(prefix="agents-sandbox-", dir=root)
     Path(neighbour, "secret.txt").write_text("another session's file")
     if os.geteuid() == 0:
         os.chown(neighbour, 200_000_001, 200_000_001)  # another run's own uid
-    argv = ["/usr/bin/python3", "-c", PROBE, str(redis_port), net_host, str(net_port), neighbour, SECRET]
+    argv = ["/usr/bin/python3", "-c", PROBE, str(redis_port), net_host, str(net_port), neighbour, SECRET, shared, sock]
     out: dict[str, object] = {"containment": box.containment(), "run_cgroup": box.cgroups.available()}
     try:
         run = box.run(argv, b"", call_env={}, timeout=30, needs=["/usr/bin/python3"])
     except SandboxUnavailable as exc:
         return {**out, "refused": str(exc)}
+    finally:
+        listener.close()
+        subprocess.run(["rm", "-rf", sockets, shared])
     out.update(json.loads(run.process.stdout or b"{}"))
     out["memory_scope"] = run.meta["memory_scope"]
     times = []
