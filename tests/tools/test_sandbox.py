@@ -8,6 +8,7 @@ import os
 import resource
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -334,3 +335,42 @@ def test_without_bubblewrap_the_tool_cannot_look_into_the_sandbox_s_own_processe
     assert out.state == "completed", out.error
     assert out.result["pids"] == [1, 2], "the run sees its own processes only (pid 1 and itself)"
     assert {out.result[k] for k in ("environ", "mem", "root/")} == {"Permission denied"}, out.result
+
+
+PROTECTED = """
+import os, subprocess, sys
+from celery_agents.tools.sandbox import protect_process
+def peek(pid):
+    # A program of the same uid (exec makes it an ordinary process) reading the environment.
+    return subprocess.run(["cat", f"/proc/{pid}/environ"], capture_output=True).returncode
+before = peek(os.getpid())
+protect_process()
+pid = os.fork()
+if pid == 0:
+    os.read(0, 1)
+    os._exit(0)
+print(before, peek(os.getpid()), peek(pid))
+"""
+
+
+def test_a_process_of_the_worker_s_user_cannot_read_the_worker_s_environment(tmp_path: Path) -> None:
+    from tests.support.confinement import as_user, unprivileged_user
+
+    user = unprivileged_user()
+    if user is None:
+        pytest.skip("needs root to run a process as an unprivileged user")
+    script = Path(tempfile.mkdtemp(prefix="agents-protect-")) / "protected.py"
+    script.parent.chmod(0o755)
+    script.write_text(PROTECTED)
+    script.chmod(0o644)
+    env = {**os.environ, "OPENAI_API_KEY": "sk-protected", "PYTHONPATH": str(Path(__file__).parents[2])}
+    try:
+        out = subprocess.run(
+            [*as_user(*user), sys.executable, str(script)], env=env, input=b"x", capture_output=True, timeout=60
+        )
+    finally:
+        shutil.rmtree(script.parent, ignore_errors=True)
+    assert out.returncode == 0, out.stderr
+    before, worker, pool_process = out.stdout.decode().split()
+    assert before == "0", "an unprotected process's environment is readable by its own uid"
+    assert (worker, pool_process) == ("1", "1"), "the worker and what it forks are not"
