@@ -5,18 +5,23 @@ an environment built from an allow-list (`PATH`, `LANG`, the call's `AGENTS_*` v
 the variables the tool names in `env`), rlimits (address space, CPU seconds, open files, file
 size, processes; `Limits` defaults below, overridden by the tool then the disposition), a
 wall-clock timeout and an output cap. The supervisor (`confine.py`) kills the tool's whole tree.
-A worker running as root drops the tool to a uid of its own for the run (so the process limit
-holds and the worker's files are out of reach). Where bubblewrap works, it also hides the
-filesystem and the network (`bubblewrap.py`). docs/tools.md says what each level protects against.
+
+How a run is contained, decided once per process (`Sandbox.containment`): under bubblewrap where
+it works (`bubblewrap.py`: the filesystem hidden), else in namespaces the supervisor creates
+itself (`confine.py`: no network, read-only filesystem, private /tmp, other runs and the worker's
+processes hidden), else not at all: the call fails saying why. A root worker drops every run to
+a uid of its own; one that cannot (the tool unreadable by that uid, without bubblewrap) fails
+the call rather than run it as root. What a run may reach comes from the agent file, never from
+the model's arguments. docs/security.md says what holds in each worker mode.
 
 Where the worker may create control groups, the run's processes together are held to the memory
 and process limits too (`cgroup.py`).
 
 Settings (worker environment): `AGENTS_SANDBOX_BWRAP` = `auto` (use it when it works, the
-default), `off`, or `require` (refuse to run without it); `AGENTS_SANDBOX_UID` = `auto` (a uid
-per run when root, the default), `off`, or a fixed uid; `AGENTS_SANDBOX_CGROUP` = `auto` (a
-cgroup per run where possible, the default) or `off`; `AGENTS_SANDBOX_DIR`: where the temporary
-directories go.
+default), `off` (namespaces only), or `require` (refuse to run without it); `AGENTS_SANDBOX_UID` =
+`auto` (a uid per run when root, the default), or a fixed uid (`off` refuses runs on a root
+worker); `AGENTS_SANDBOX_CGROUP` = `auto` (a cgroup per run where possible, the default) or
+`off`; `AGENTS_SANDBOX_DIR`: where the temporary directories go.
 """
 
 from __future__ import annotations
