@@ -245,7 +245,7 @@ def render(report: dict[str, Any]) -> None:
     from celery_agents.cli.output import out as console  # the report is the command's output
 
     for c in report["checks"]:
-        mark = "[green]ok[/]" if c["ok"] else "[yellow]!![/]"
+        mark = "[green]ok[/]" if c["ok"] else "[red]fail[/]" if c.get("fails_doctor") else "[yellow]!![/]"
         console.print(f"{mark} {c['name']}: {c['detail']}")
     console.print(
         "queues: "
