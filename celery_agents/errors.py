@@ -46,6 +46,12 @@ class InvalidResult(InvalidInput):
     code = "invalid_result"
 
 
+class InvalidEntry(InvalidInput):
+    """A completions stream entry that is not text (its bytes are not UTF-8)."""
+
+    code = "invalid_entry"
+
+
 class UnknownSession(AgentsError):
     code = "unknown_session"
     exit_code = 3

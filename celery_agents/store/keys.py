@@ -165,6 +165,12 @@ class Keys:
         return f"{self.prefix}:lock:{name}"
 
     @property
+    def poison(self) -> str:
+        """List: queue messages no worker could read, set aside with their queue and the reason
+        (JSON, newest first, capped); written by `tasks/broker.py` through the broker's prefix."""
+        return f"{self.celery_prefix}poison"
+
+    @property
     def celery_prefix(self) -> str:
         """Prefix of the Celery broker's own keys (queues, unacked messages)."""
         return f"{self.prefix}:celery:"
