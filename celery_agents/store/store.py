@@ -96,6 +96,8 @@ class Loaded:
     calls: list[TrackedCall]
     lease_holder: str
     journal: dict[str, str]
+    #: Redis's clock when the step began (seconds; 0 when not read): the step's times come from it
+    redis_now: float = 0.0
 
 
 @dataclass
@@ -220,14 +222,20 @@ class Store:
     def _run(
         self, name: str, sid: str, args: list[Any], extra_keys: tuple[str, ...] = (), now: float | None = None
     ) -> Any:
-        now = time.time() if now is None else now
         # One id per call: the client's retries after a lost reply resend it, and the script
         # answers them with the first reply (`once` in store/lua/_lib.lua).
         keys = self.keys.script_keys(sid, uuid.uuid4().hex, *extra_keys)
         try:
-            return self.scripts.run(name, keys, [repr(now), self.settings.events_maxlen, sid, *args])
+            # No `now`: the script reads Redis's clock (durable times never come from a worker's).
+            stamp = "" if now is None else repr(now)
+            return self.scripts.run(name, keys, [stamp, self.settings.events_maxlen, sid, *args])
         except redis.ConnectionError as exc:
             raise RedisUnavailable(f"cannot reach Redis: {exc}") from exc
+
+    def redis_now(self) -> float:
+        """Redis's clock, in seconds: the one clock every worker and client agrees on."""
+        sec, usec = self.client.time()
+        return sec + usec / 1e6
 
     def ping(self) -> None:
         try:
@@ -258,7 +266,7 @@ class Store:
         session_id: str | None = None,
         now: float | None = None,
     ) -> SessionHeader:
-        now = time.time() if now is None else now
+        stamp = time.time() if now is None else now  # shown only: the script stamps created_at from Redis
         sid = check_session_id(session_id) if session_id else new_session_id()
         content_hash = agent.content_hash()
         header = SessionHeader(
@@ -267,12 +275,12 @@ class Store:
             agent_hash=content_hash,
             execution_mode=agent.mode,
             drive=drive,
-            created_at=now,
-            updated_at=now,
+            created_at=stamp,
+            updated_at=stamp,
             step_limit=agent.max_steps,
             turn_count=1,
         )
-        turn = UserTurn(query=query, at=now)
+        turn = UserTurn(query=query, at=stamp)
         res = self._run(
             "create_session",
             sid,
@@ -358,7 +366,9 @@ class Store:
         have = len(self._turn_cache.get(session_id, []))
         res = self._run("begin_step", session_id, [version, owner, lease_ms, request, have])
         if res[0] == "ok":
-            return "ok", self._loaded(session_id, res[1], have)
+            loaded = self._loaded(session_id, res[1], have)
+            loaded.redis_now = int(res[2]) / 1000
+            return "ok", loaded
         return res[0], (res[1] if len(res) > 1 else "")
 
     def renew_lease(self, key: str, owner: str) -> bool:
@@ -469,9 +479,8 @@ class Store:
         deadline passed and expired it, the raised `TokenExpired` carries `wake_version` if the
         session must now be woken."""
         sid, secret = parse_token(token)
-        now = time.time() if now is None else now
         tkey = self.keys.token(sid, secret)
-        expired = outcome_json(CallState.EXPIRED, now=now, attempts=0)
+        expired = outcome_json(CallState.EXPIRED, now=time.time() if now is None else now, attempts=0)
         res = self._run(
             "complete_token", sid, [outcome, by, json.dumps(event or {}), expired], extra_keys=(tkey,), now=now
         )
@@ -515,7 +524,7 @@ class Store:
         return data
 
     def expire_call(self, session_id: str, field: str, now: float | None = None) -> Finished:
-        now = time.time() if now is None else now
+        """Expire a deferred call if its deadline has passed by Redis's clock (or by `now`)."""
         raw = self.client.hget(self.keys.calls(session_id), field)
         if raw is None:
             self.client.zrem(self.keys.deadlines, f"{session_id} {field}")
@@ -525,7 +534,7 @@ class Store:
             self.client.zrem(self.keys.deadlines, f"{session_id} {field}")
             return Finished(status="gone")
         tkey = self.keys.token(session_id, parse_token(call.token)[1])
-        outcome = outcome_json(CallState.EXPIRED, now=now, attempts=0)
+        outcome = outcome_json(CallState.EXPIRED, now=time.time() if now is None else now, attempts=0)
         res = self._run(
             "expire_call",
             session_id,
@@ -573,9 +582,9 @@ class Store:
         return int(res[1])
 
     def cancel(self, session_id: str, now: float | None = None) -> int:
-        now = time.time() if now is None else now
+        stamp = time.time() if now is None else now
         unfinished = [c for c in self.pending_calls(session_id)]
-        outcomes = {c.field: outcome_json(CallState.CANCELLED, now=now, attempts=c.attempts) for c in unfinished}
+        outcomes = {c.field: outcome_json(CallState.CANCELLED, now=stamp, attempts=c.attempts) for c in unfinished}
         tkeys = tuple(self.keys.token(session_id, parse_token(c.token)[1]) for c in unfinished if c.token)
         res = self._run("cancel_session", session_id, [json.dumps(outcomes)], extra_keys=tkeys, now=now)
         if res[0] == "missing":
@@ -589,11 +598,11 @@ class Store:
     def expire_due(self, now: float | None = None) -> list[tuple[str, Finished]]:
         """Expire every deferred call whose deadline has passed (what the worker sweeper does);
         returns (session id, what expiring did) for each."""
-        now = time.time() if now is None else now
+        now = self.redis_now() if now is None else now
         return [(sid, self.expire_call(sid, field, now=now)) for sid, field in self.due_deadlines(now)]
 
     def live_workers(self, within: float = 15.0) -> list[dict[str, Any]]:
-        now = time.time()
+        now = self.redis_now()  # heartbeats are stamped with Redis's clock (tasks/services.py)
         out = []
         for name, raw in self.client.hgetall(self.keys.workers).items():
             try:

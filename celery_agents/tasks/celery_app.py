@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from celery_agents.config import Settings
+from celery_agents.runtime.faults import shift_clock
 from celery_agents.tasks.config import make_app
 
+shift_clock()  # chaos tests only: inert unless AGENTS_FAULT_CLOCK_SHIFT is set
 settings = Settings.from_env()
 app = make_app(settings)
 

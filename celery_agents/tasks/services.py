@@ -10,7 +10,6 @@ import logging
 import os
 import socket
 import threading
-import time
 from typing import Any, cast
 
 from celery.signals import worker_init, worker_ready, worker_shutdown
@@ -38,7 +37,7 @@ def sweep_once(
     this entry was committed (queues are first in, first out) — the message was lost between
     commit and publish. At the latest it goes again after `lost_grace`. A message that may merely
     be waiting in a busy queue is left alone: duplicates would only add load."""
-    now = time.time() if now is None else now
+    now = store.redis_now() if now is None else now  # owed and deadline scores are Redis times
     counts = {"owed": 0, "redispatched": 0, "expired": 0}
     k = store.keys
     r = store.client
@@ -144,7 +143,7 @@ class WorkerServices:
             try:
                 store = worker_context(self.settings).store
                 probe = probe or QueueProbe(self.settings, store.client)
-                now = time.time()
+                now = store.redis_now()  # heartbeats are compared by other hosts: Redis's clock
                 beat = {"pid": os.getpid(), "host": socket.gethostname(), "at": now, "queues": self.queues}
                 if "isolated" in self.queues:
                     beat["sandbox"] = self._sandbox()

@@ -5,6 +5,7 @@ if redis.call('EXISTS', K.meta) == 1 then return {'exists'} end
 redis.call('SET', KEYS[NKEYS + 1], ARGV[6], 'NX')
 local header = cjson.decode(ARGV[4])
 for k, v in pairs(header) do redis.call('HSET', K.meta, k, v) end
+redis.call('HSET', K.meta, 'created_at', NOW)
 redis.call('RPUSH', K.turns, ARGV[5])
 set_state(header['state'])
 emit('session_started', cjson.encode({agent = header['agent_slug'], drive = header['drive']}))
