@@ -20,6 +20,7 @@ import redis
 
 from celery_agents.errors import AgentsError, InvalidResult, TokenExpired
 from celery_agents.model import CompletionOutcome
+from celery_agents.model.limits import UnusableJson, check_depth, load_json
 from celery_agents.store import Store, completion_json
 
 log = logging.getLogger("celery_agents.completions")
@@ -28,12 +29,37 @@ GROUP = "celery-agents"
 Wake = Callable[[str, int], None]
 
 
-def parse_result_text(raw: str) -> Any:
-    """JSON text is the result as that JSON value; any other text is the result as stripped text."""
+def parse_result_text(raw: str, max_bytes: int) -> Any:
+    """JSON text is the result as that JSON value; any other text is the result as stripped text.
+    Text over `max_bytes`, or JSON too deep or with too long a number, is refused (`InvalidResult`)."""
+    check_result_bytes(len(raw.encode(errors="surrogatepass")), max_bytes)
     try:
-        return json.loads(raw)
+        return load_json(raw)
     except json.JSONDecodeError:
         return raw.strip()
+    except UnusableJson as exc:
+        raise InvalidResult(f"the result is JSON celery-agents cannot use: {exc}") from None
+
+
+def check_result_bytes(size: int, max_bytes: int) -> None:
+    """The one rule on a result's size (CLI, API and the completions stream)."""
+    if size > max_bytes:
+        raise InvalidResult(
+            f"the result is {size} bytes, more than the limit of {max_bytes} (AGENTS_MAX_RESULT_BYTES); "
+            "store large results elsewhere and complete the call with a reference to them"
+        )
+
+
+def check_result(result: Any, max_bytes: int) -> None:
+    """Refuse a result value that is empty, too deep or too big, before anything is recorded."""
+    if result is None or (isinstance(result, str) and not result.strip()):
+        raise InvalidResult("the result is empty: give the tool's result as JSON or text")
+    try:
+        check_depth(result)
+    except UnusableJson as exc:
+        raise InvalidResult(f"the result is JSON celery-agents cannot use: {exc}") from None
+    text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False)
+    check_result_bytes(len(text.encode(errors="surrogatepass")), max_bytes)
 
 
 def complete(
@@ -48,8 +74,7 @@ def complete(
 ) -> CompletionOutcome:
     """Complete a deferred call; wakes the session through `wake(session_id, version)` when its last
     unfinished call is done and it is auto-driven. Raises the token's conflict otherwise."""
-    if result is None or (isinstance(result, str) and not result.strip()):
-        raise InvalidResult("the result is empty: give the tool's result as JSON or text")
+    check_result(result, store.settings.max_result_bytes)
     # The deadline is checked against Redis's clock (unless a test gives `now`), not this host's.
     outcome = completion_json(result, is_error=is_error, by=by, now=time.time() if now is None else now)
     try:
@@ -130,7 +155,7 @@ class CompletionConsumer:
             elif fields.get("result") is None:
                 raise InvalidResult("the entry has no result field")
             else:
-                result = parse_result_text(fields["result"])
+                result = parse_result_text(fields["result"], store.settings.max_result_bytes)
             done: CompletionOutcome | None = complete(
                 store, token, result, is_error=bool(error), by=by or None, wake=self.wake
             )

@@ -18,6 +18,7 @@ from celery_agents.model import AgentSpec, LlmTurn, Media, TrackedCall
 from celery_agents.runtime.faults import checkpoint
 from celery_agents.scheduler.ports import CallOutcome, LlmPort, LlmRequest, ToolPort
 from celery_agents.store import LeaseLost, Store, new_token
+from celery_agents.tools.output import bound_outcome
 
 
 class SystemClock:
@@ -103,7 +104,7 @@ class JournaledTools:
         raw = self.journal.get(field)
         if raw is None:
             self.fence.check(session_id)
-            outcome = self.inner.run(agent, session_id, call)
+            outcome = bound_outcome(self.inner.run(agent, session_id, call), self.store.settings.max_result_bytes)
             raw = self.store.journal_put(
                 session_id, field, outcome_to_json(outcome), self.fence.owner, self.fence.version
             )

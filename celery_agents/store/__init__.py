@@ -5,7 +5,7 @@ Nothing here knows about Celery or the model.
 
 from celery_agents.store.connection import broker_url, client_for_url
 from celery_agents.store.embedded import EmbeddedRedis
-from celery_agents.store.keys import Keys
+from celery_agents.store.keys import FINISHED_STATES, Keys
 from celery_agents.store.store import (
     Finished,
     LeaseLost,
@@ -20,6 +20,7 @@ from celery_agents.store.store import (
 )
 
 __all__ = [
+    "FINISHED_STATES",
     "EmbeddedRedis",
     "Finished",
     "Keys",

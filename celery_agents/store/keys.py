@@ -8,6 +8,8 @@ from __future__ import annotations
 
 SESSION_KEY_NAMES = ("meta", "turns", "calls", "results", "pending", "journal", "events", "lease")
 STORED_STATES = ("ready", "tools", "waiting", "completed", "failed", "cancelled")
+#: the states of a session that no longer runs: the ones `delete` and `purge` take
+FINISHED_STATES = ("completed", "failed", "cancelled")
 GLOBAL_KEY_NAMES = (
     "sessions",
     "pending_all",
@@ -80,6 +82,13 @@ class Keys:
     def session_keys(self, sid: str) -> list[str]:
         return [self.session(sid, n) for n in SESSION_KEY_NAMES]
 
+    def every_session_key(self, sid: str, fields: list[str], secrets: list[str]) -> list[str]:
+        """Every key a session may own, given its call fields and its tokens' secrets: what
+        deleting it removes. A key added per session above belongs here too, except the script
+        replies kept for retries (`request`), which expire by themselves within minutes."""
+        per_call = [k for f in fields for k in (self.call_lease(sid, f), self.call_started(sid, f))]
+        return [*self.session_keys(sid), *per_call, *(self.token(sid, s) for s in secrets)]
+
     # -- shared -------------------------------------------------------------------------------
     @property
     def sessions(self) -> str:
@@ -110,6 +119,12 @@ class Keys:
         """Sorted set: `<session_id> <field>` of runAsync/runIsolated calls not finished, by when
         they were last dispatched or seen running (ms)."""
         return f"{self.prefix}:dispatched"
+
+    @property
+    def ids(self) -> str:
+        """Sorted set, every score 0: session ids in lexicographic order, so that a prefix of an
+        id is found with ZRANGEBYLEX (no scan). Kept by create_session, cleaned by delete_session."""
+        return f"{self.prefix}:ids"
 
     def global_keys(self) -> list[str]:
         return [self.sessions, self.pending_all, self.deadlines, self.owed, self.dispatched] + [

@@ -110,10 +110,15 @@ local function load_payload(from)
   local batch = redis.call('HMGET', K.meta, 'batch', 'batch_size')
   local calls, results = {}, {}
   if batch[1] and batch[2] and tonumber(batch[2]) > 0 then
-    local fields = {}
-    for p = 0, tonumber(batch[2]) - 1 do fields[#fields + 1] = batch[1] .. ':' .. p end
-    calls = redis.call('HMGET', K.calls, unpack(fields))
-    results = redis.call('HMGET', K.results, unpack(fields))
+    -- In slices: Lua's unpack takes a few thousand values at most, and a model may ask for more
+    -- calls than that in one response.
+    local size = tonumber(batch[2])
+    for first = 0, size - 1, 1000 do
+      local fields = {}
+      for p = first, math.min(first + 999, size - 1) do fields[#fields + 1] = batch[1] .. ':' .. p end
+      for _, v in ipairs(redis.call('HMGET', K.calls, unpack(fields))) do calls[#calls + 1] = v end
+      for _, v in ipairs(redis.call('HMGET', K.results, unpack(fields))) do results[#results + 1] = v end
+    end
   end
   return {meta, turns, calls, results, redis.call('GET', K.lease) or '', redis.call('HGETALL', K.journal)}
 end
@@ -127,6 +132,7 @@ local REQUEST_TTL_S = 600
 local REFUSALS = {
   missing = true, unknown = true, exists = true, stale = true, ended = true, lost_lease = true,
   already = true, early = true, completed = true, expired = true, cancelled = true,
+  active = true, changed = true, busy = true,
 }
 local function once(body)
   local seen = redis.call('GET', K.request)
