@@ -167,6 +167,21 @@ def diagnose(client: Any) -> dict[str, Any]:
             "detail": f"{owed} owed, {stuck} waiting longer than {settings.owed_grace:g} s",
         }
     )
+    went_back, rewound = store.rewound()
+    checks.append(
+        {
+            "name": "rewound sessions",
+            # A warning: the writes are gone; workers re-read those sessions and go on from what is stored.
+            "ok": went_back == 0,
+            "detail": f"{went_back} session(s) found older than a worker had read them"
+            + (
+                ""
+                if not went_back
+                else " — Redis lost acknowledged writes (failover or power cut with appendfsync everysec): "
+                + ", ".join(rewound)
+            ),
+        }
+    )
     last_rejected = [{"id": eid, **fields} for eid, fields in (r.xrevrange(k.rejected, count=5) if rejected else [])]
     return {
         "ok": all(
@@ -184,6 +199,7 @@ def diagnose(client: Any) -> dict[str, Any]:
         "pending_calls": pending,
         "overdue_deadlines": overdue,
         "rejected_completions": rejected,
+        "rewound_sessions": rewound,
         "recent_rejections": last_rejected,
         "sessions": states,
         # MEMORY USAGE of the most recent sessions' keys, averaged: what one more session costs.

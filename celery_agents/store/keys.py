@@ -150,6 +150,12 @@ class Keys:
         return f"{self.prefix}:completions:rejected"
 
     @property
+    def rewound(self) -> str:
+        """Hash: session id -> what a worker saw when it found the stored session older than
+        what it had read before (Redis lost writes); shown by `agents doctor`."""
+        return f"{self.prefix}:rewound"
+
+    @property
     def workers(self) -> str:
         """Hash: worker name -> heartbeat JSON."""
         return f"{self.prefix}:workers"

@@ -6,7 +6,10 @@ Every write that must be atomic is one script of `store/lua/`; reads are single 
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import json
+import logging
 import os
 import re
 import secrets
@@ -47,6 +50,8 @@ from celery_agents.model import (
 )
 from celery_agents.store.keys import Keys
 from celery_agents.store.scripts import Scripts
+
+log = logging.getLogger("celery_agents.store")
 
 #: A step's journal outlives any step that could still reuse it (redelivery comes within hours).
 JOURNAL_TTL_S = 86400
@@ -111,6 +116,24 @@ class Finished:
     version: int = 0
 
 
+@dataclass
+class _Transcript:
+    """The turns of one session this process has read, with their digest and the version seen."""
+
+    turns: list[UserTurn | LlmTurn]
+    digest: str
+    version: int
+
+
+def turn_digest(previous: str, raw_turns: list[str]) -> str:
+    """The digest of a transcript after appending `raw_turns` (JSON exactly as stored) to one whose
+    digest is `previous` ("" for none): equal digests, equal turns, whatever their count."""
+    digest = previous
+    for raw in raw_turns:
+        digest = hashlib.sha256(f"{digest}\n{raw}".encode()).hexdigest()[:32]
+    return digest
+
+
 def _s(value: Any) -> str:
     if isinstance(value, bool):
         return "1" if value else "0"
@@ -133,6 +156,7 @@ def header_to_hash(h: SessionHeader) -> dict[str, str]:
         "steps": _s(h.steps),
         "step_limit": _s(h.step_limit),
         "turn_count": _s(h.turn_count),
+        "turns_digest": h.turns_digest,
         "usage": h.usage.model_dump_json(exclude_defaults=True),
         "error": h.error.model_dump_json() if h.error else "",
         "response": json.dumps(h.response),
@@ -155,6 +179,7 @@ def header_from_hash(d: dict[str, str]) -> SessionHeader:
         steps=int(d.get("steps", 0)),
         step_limit=int(d.get("step_limit", 40)),
         turn_count=int(d.get("turn_count", 0)),
+        turns_digest=d.get("turns_digest", ""),
         usage=Usage.model_validate_json(d["usage"]) if d.get("usage") else Usage(),
         error=ErrorInfo.model_validate_json(d["error"]) if d.get("error") else None,
         response=json.loads(d["response"]) if d.get("response") else None,
@@ -217,7 +242,7 @@ class Store:
         self.keys = Keys(self.settings.prefix)
         self.scripts = Scripts(client)
         self._agents: dict[str, AgentSpec] = {}
-        self._turn_cache: OrderedDict[str, list[UserTurn | LlmTurn]] = OrderedDict()
+        self._turn_cache: OrderedDict[str, _Transcript] = OrderedDict()
 
     # -- plumbing ----------------------------------------------------------------------------
     def _run(
@@ -281,13 +306,14 @@ class Store:
             step_limit=agent.max_steps,
             turn_count=1,
         )
-        turn = UserTurn(query=query, at=stamp)
+        first_turn = UserTurn(query=query, at=stamp).model_dump_json(exclude_none=True)
+        header.turns_digest = turn_digest("", [first_turn])
         res = self._run(
             "create_session",
             sid,
             [
                 json.dumps(header_to_hash(header)),
-                turn.model_dump_json(exclude_none=True),
+                first_turn,
                 agent.to_json(),
                 "1" if owe else "0",
             ],
@@ -422,24 +448,20 @@ class Store:
     def load(self, session_id: str) -> Loaded:
         """Header, all stored turns, the newest batch's calls: one round trip (turns cached)."""
         check_session_id(session_id)
-        cached = self._turn_cache.get(session_id, [])
-        res = self._run("load_session", session_id, [len(cached)])
+        have = self._cached_turns(session_id)
+        res = self._run("load_session", session_id, [have])
         if not res:
             raise UnknownSession(f"unknown session {session_id!r}", session_id=session_id)
-        return self._loaded(session_id, res, len(cached))
+        return self._loaded(session_id, res, have)
+
+    def _cached_turns(self, session_id: str) -> int:
+        entry = self._turn_cache.get(session_id)
+        return len(entry.turns) if entry else 0
 
     def _loaded(self, session_id: str, payload: list[Any], have: int) -> Loaded:
         flat, raw_turns, raw_calls, raw_results, holder, journal = payload
         header = header_from_hash(dict(zip(flat[::2], flat[1::2], strict=True)))
-        cached = self._turn_cache.get(session_id, [])[:have]
-        turns = cached + [_TURN.validate_json(t) for t in raw_turns]
-        if len(turns) != header.turn_count:
-            # The cache does not match what is stored (a restore from backup?): read every turn.
-            turns = self.turns(session_id)
-        self._turn_cache[session_id] = turns
-        self._turn_cache.move_to_end(session_id)
-        while len(self._turn_cache) > 512:
-            self._turn_cache.popitem(last=False)
+        turns = self._transcript(session_id, header, raw_turns, have)
         calls = [merge_outcome(c, r) for c, r in zip(raw_calls, raw_results, strict=True) if c]
         return Loaded(
             header=header,
@@ -448,6 +470,63 @@ class Store:
             lease_holder=holder or "",
             journal=dict(zip(journal[::2], journal[1::2], strict=True)),
         )
+
+    def _transcript(
+        self, session_id: str, header: SessionHeader, raw_turns: list[str], have: int
+    ) -> list[UserTurn | LlmTurn]:
+        """The cached turns plus the `raw_turns` stored after them, if they are the stored
+        transcript (same digest: same content, not only the same count); else every stored turn."""
+        entry = self._turn_cache.get(session_id)
+        usable = entry is not None and have == len(entry.turns)
+        base = entry.digest if entry is not None and usable else ""
+        cached = entry.turns if entry is not None and usable else []
+        if header.turns_digest:
+            digest = turn_digest(base, raw_turns)
+            valid = digest == header.turns_digest
+        else:  # a session stored before digests: its count is all there is to check
+            digest = ""
+            valid = len(cached) + len(raw_turns) == header.turn_count
+        if entry is not None and (not valid or header.version < entry.version):
+            self._went_back(session_id, entry, header)
+        if valid:
+            turns = cached + [_TURN.validate_json(t) for t in raw_turns]
+        else:
+            raws = cast("list[str]", self.client.lrange(self.keys.turns(session_id), 0, -1))
+            turns = [_TURN.validate_json(t) for t in raws]
+            digest = turn_digest("", raws) if header.turns_digest else ""
+        self._turn_cache[session_id] = _Transcript(turns, digest, header.version)
+        self._turn_cache.move_to_end(session_id)
+        while len(self._turn_cache) > 512:
+            self._turn_cache.popitem(last=False)
+        return list(turns)
+
+    def _went_back(self, session_id: str, seen: _Transcript, stored: SessionHeader) -> None:
+        """Redis lost writes this process had read (a replica promoted before it had them, a power
+        cut with `appendfsync everysec`): log it and keep it where `agents doctor` shows it."""
+        record = {
+            "at": time.time(),
+            "seen_version": seen.version,
+            "seen_turns": len(seen.turns),
+            "stored_version": stored.version,
+            "stored_turns": stored.turn_count,
+        }
+        log.warning(
+            "session %s went back: Redis holds version %s (%s turns), not what this process read at version %s "
+            "(%s turns): Redis lost writes (failover, or power cut with appendfsync everysec?); the stored turns "
+            "are read again and the cached ones dropped",
+            session_id,
+            stored.version,
+            stored.turn_count,
+            seen.version,
+            len(seen.turns),
+        )
+        self.client.hset(self.keys.rewound, session_id, json.dumps(record))
+
+    def rewound(self, limit: int = 20) -> tuple[int, dict[str, dict[str, Any]]]:
+        """Sessions whose stored state went back under a worker (how many, and up to `limit`)."""
+        count = int(self.client.hlen(self.keys.rewound))
+        entries = itertools.islice(self.client.hscan_iter(self.keys.rewound, count=limit), limit)
+        return count, {sid: json.loads(raw) for sid, raw in entries}
 
     def turns(self, session_id: str) -> list[UserTurn | LlmTurn]:
         check_session_id(session_id)
@@ -471,7 +550,7 @@ class Store:
         ("ended", status) or ("missing", "")."""
         check_session_id(session_id)
         lease_ms = int(self.settings.lease_seconds * 1000)
-        have = len(self._turn_cache.get(session_id, []))
+        have = self._cached_turns(session_id)
         res = self._run("begin_step", session_id, [version, owner, lease_ms, request, have])
         if res[0] == "ok":
             loaded = self._loaded(session_id, res[1], have)
@@ -536,15 +615,19 @@ class Store:
             "events": [[k, json.dumps(d, ensure_ascii=False)] for k, d in events],
             "request": request,
         }
-        args: list[Any] = [header.version, owner, json.dumps(control, ensure_ascii=False)]
-        args.extend(t.model_dump_json(exclude_none=True) for t in new_turns)
+        turn_jsons = [t.model_dump_json(exclude_none=True) for t in new_turns]
+        # Sessions stored before digests keep none (their count is checked instead).
+        digest = turn_digest(header.turns_digest, turn_jsons) if header.turns_digest else ""
+        control["turns_digest"] = digest
+        args: list[Any] = [header.version, owner, json.dumps(control, ensure_ascii=False), *turn_jsons]
         for c in calls:
             args.extend((c.field, c.model_dump_json(exclude_defaults=True)))
         res = self._run("commit_step", sid, args, extra_keys=token_keys, now=now)
         if res[0] == "ok":
-            cached = self._turn_cache.get(sid)
-            if cached is not None and len(cached) == header.turn_count:
-                cached.extend(new_turns)
+            entry = self._turn_cache.get(sid)
+            if entry is not None and len(entry.turns) == header.turn_count and entry.digest == header.turns_digest:
+                entry.turns.extend(new_turns)
+                entry.digest, entry.version = digest, int(res[1])
             return "ok", int(res[1]), bool(res[2])
         return res[0], 0, False
 
