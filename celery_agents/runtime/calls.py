@@ -36,7 +36,8 @@ def run_call(store: Store, session_id: str, field: str, tools: ToolPort, owner: 
         return CallRun(status="already", call=call)
     lease_key = k.call_lease(session_id, field)
     lease_ms = int(store.settings.lease_seconds * 1000)
-    if not store.client.set(lease_key, owner, nx=True, px=lease_ms):
+    # A retry of the SET whose reply was lost finds the lease already this owner's.
+    if not store.client.set(lease_key, owner, nx=True, px=lease_ms) and store.client.get(lease_key) != owner:
         return CallRun(status="busy", call=call)
     # Picked up: if the lease lapses before an outcome is recorded, this worker died.
     store.client.set(k.call_started(session_id, field), owner, ex=86400)

@@ -137,3 +137,15 @@ def test_the_proxy_holds_every_byte_while_hung(proxy: TcpProxy) -> None:
         assert client.ping()
     finally:
         client.close()
+
+
+def test_a_call_whose_lease_reply_was_lost_still_runs(proxy: TcpProxy, proxied: Settings) -> None:
+    llm = ScriptedLlm(llm_turn(("c1", "async_t", "{}")), llm_turn(text="done"))
+    tools = RecordingTools()
+    with Client(proxied, inline=True, llm=llm, tools=tools) as client:
+        dropped = proxy.drop_reply_to(":call-lease:")  # the SET NX that takes the call's lease
+        view = client.start(make_agent(), "go", run=True)
+        assert dropped.is_set()
+        assert view.state.value == "completed", "the call ran although the reply to taking its lease was lost"
+        assert [c.tool for c in tools.runs] == ["async_t"]
+        check_invariants(client.store, view.session_id)
