@@ -10,7 +10,6 @@ import hashlib
 import itertools
 import json
 import logging
-import os
 import re
 import secrets
 import time
@@ -18,10 +17,11 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import redis
 from pydantic import TypeAdapter
+from redis.lock import Lock
 
 from celery_agents.config import Settings
 from celery_agents.errors import (
@@ -31,6 +31,7 @@ from celery_agents.errors import (
     SessionNotAdvanceable,
     UnknownSession,
     UnknownToken,
+    UntrustedSpec,
 )
 from celery_agents.model import (
     AgentSpec,
@@ -50,6 +51,7 @@ from celery_agents.model import (
 )
 from celery_agents.store.keys import Keys
 from celery_agents.store.scripts import Scripts
+from celery_agents.store.signing import sign_spec, spec_verifies
 
 log = logging.getLogger("celery_agents.store")
 
@@ -132,6 +134,22 @@ def turn_digest(previous: str, raw_turns: list[str]) -> str:
     for raw in raw_turns:
         digest = hashlib.sha256(f"{digest}\n{raw}".encode()).hexdigest()[:32]
     return digest
+
+
+#: what the sweeper does with an outbox entry or a dispatched call (store/lua/sweep_*.lua)
+SweepVerdict = Literal["settled", "running", "waiting", "republish"]
+
+
+@dataclass
+class Swept:
+    """One outbox entry (`field` None) or dispatched call as the sweeper settled it; `version` is
+    the step to publish again, `call` the call to publish again."""
+
+    session_id: str
+    verdict: SweepVerdict
+    field: str | None = None
+    version: int = 0
+    call: TrackedCall | None = None
 
 
 def _s(value: Any) -> str:
@@ -246,7 +264,13 @@ class Store:
 
     # -- plumbing ----------------------------------------------------------------------------
     def _run(
-        self, name: str, sid: str, args: list[Any], extra_keys: tuple[str, ...] = (), now: float | None = None
+        self,
+        name: str,
+        sid: str,
+        args: list[Any],
+        extra_keys: tuple[str, ...] = (),
+        now: float | None = None,
+        pipe: Any = None,
     ) -> Any:
         # One id per call: the client's retries after a lost reply resend it, and the script
         # answers them with the first reply (`once` in store/lua/_lib.lua).
@@ -254,7 +278,7 @@ class Store:
         try:
             # No `now`: the script reads Redis's clock (durable times never come from a worker's).
             stamp = "" if now is None else repr(now)
-            return self.scripts.run(name, keys, [stamp, self.settings.events_maxlen, sid, *args])
+            return self.scripts.run(name, keys, [stamp, self.settings.events_maxlen, sid, *args], client=pipe)
         except redis.ConnectionError as exc:
             raise RedisUnavailable(f"cannot reach Redis: {exc}") from exc
 
@@ -274,9 +298,19 @@ class Store:
         """The agent spec stored under a hash, cached in this process (specs never change)."""
         spec = self._agents.get(content_hash)
         if spec is None:
-            raw = self.client.get(self.keys.agent(content_hash))
+            key = self.settings.spec_key
+            raw, signature = cast(
+                "list[str | None]",
+                self.client.mget([self.keys.agent(content_hash), self.keys.agent_signature(content_hash)]),
+            )
             if raw is None:
                 raise UnknownSession(f"the agent spec {content_hash} is missing from Redis")
+            if key is not None and not spec_verifies(key, raw, signature):
+                raise UntrustedSpec(
+                    f"the agent spec {content_hash} is not signed with this worker's AGENTS_SPEC_KEY: nothing of it "
+                    "runs (store it again through the CLI or the API with the key set)",
+                    agent_hash=content_hash,
+                )
             spec = AgentSpec.from_json(raw)
             self._agents[content_hash] = spec
         return spec
@@ -294,6 +328,7 @@ class Store:
     ) -> SessionHeader:
         stamp = time.time() if now is None else now  # shown only: the script stamps created_at from Redis
         sid = check_session_id(session_id) if session_id else new_session_id()
+        spec_json = agent.to_json()
         content_hash = agent.content_hash()
         header = SessionHeader(
             session_id=sid,
@@ -314,10 +349,11 @@ class Store:
             [
                 json.dumps(header_to_hash(header)),
                 first_turn,
-                agent.to_json(),
+                spec_json,
                 "1" if owe else "0",
+                sign_spec(self.settings.spec_key, spec_json) if self.settings.spec_key else "",
             ],
-            extra_keys=(self.keys.agent(content_hash), self.keys.ids),
+            extra_keys=(self.keys.agent(content_hash), self.keys.ids, self.keys.agent_signature(content_hash)),
             now=now,
         )
         if res[0] != "ok":
@@ -804,13 +840,39 @@ class Store:
                 out.append({"name": name, **beat})
         return out
 
-    def touch_dispatched(self, session_id: str, field: str, now: float) -> None:
-        self.client.zadd(self.keys.dispatched, {f"{session_id} {field}": int(now * 1000)}, xx=True)
+    def sweep_owed(self, candidates: list[tuple[str, bool]], now: float) -> list[Swept]:
+        """Settle outbox entries atomically, each (session id, whether a step no worker picked up
+        counts as lost); one round trip. See `sweep_owed.lua`."""
+        pipe = self.client.pipeline(transaction=False)
+        for sid, lost in candidates:
+            self._run("sweep_owed", sid, ["1" if lost else "0"], now=now, pipe=pipe)
+        return [
+            Swept(sid, res[0], version=int(res[1]) if res[0] == "republish" else 0)
+            for (sid, _), res in zip(candidates, pipe.execute(), strict=True)
+        ]
+
+    def sweep_dispatched(self, candidates: list[tuple[str, str, bool]], now: float) -> list[Swept]:
+        """Settle dispatched calls atomically, each (session id, field, whether a call no worker
+        started counts as lost); one round trip. See `sweep_dispatched.lua`."""
+        pipe = self.client.pipeline(transaction=False)
+        k = self.keys
+        for sid, field, lost in candidates:
+            extra = (k.call_lease(sid, field), k.call_started(sid, field))
+            self._run("sweep_dispatched", sid, [field, "1" if lost else "0"], extra, now=now, pipe=pipe)
+        return [
+            Swept(
+                sid,
+                res[0],
+                field=field,
+                call=TrackedCall.model_validate_json(res[1]) if res[0] == "republish" else None,
+            )
+            for (sid, field, _), res in zip(candidates, pipe.execute(), strict=True)
+        ]
 
     def check_eviction(self) -> None:
         """Refuse a Redis that may evict keys (session state would vanish silently under memory
         pressure), unless AGENTS_ALLOW_EVICTION=1. A server without a memory limit never evicts."""
-        if os.environ.get("AGENTS_ALLOW_EVICTION") == "1":
+        if self.settings.allow_eviction:
             return
         try:
             cfg = self.client.config_get("maxmemory*")
@@ -822,6 +884,21 @@ class Store:
                 f"this Redis may evict keys (maxmemory-policy {policy}): session state and completions could be "
                 "lost. Set `maxmemory-policy noeviction`, or AGENTS_ALLOW_EVICTION=1 to run anyway."
             )
+
+    def lock(self, key: str, seconds: float) -> Lock:
+        """A lock on `key` (`keys.lock(name)`, a call's lease...) that expires after `seconds`
+        unless extended; released atomically, only by the token that holds it."""
+        return Lock(self.client, key, timeout=seconds, thread_local=False)
+
+    def acquire(self, lock: Lock, token: str) -> bool:
+        """Take `lock` for `token` now, without waiting. The client retries a SET whose reply was
+        lost: that retry finds the lock already `token`'s, which is taking it, not a refusal."""
+        if lock.acquire(blocking=False, token=token):
+            return True
+        if self.client.get(lock.name) != token:
+            return False
+        lock.local.token = token.encode()  # what `acquire` records on success (the client encodes UTF-8)
+        return True
 
     def owed(self, older_than: float, limit: int = 200) -> list[str]:
         return list(
