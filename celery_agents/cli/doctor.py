@@ -156,7 +156,7 @@ def diagnose(client: Any) -> dict[str, Any]:
                 + ("" if readable else " — cannot read its queues (is it up? are the credentials right?)"),
             }
         )
-    now = store.redis_now()  # owed and deadline scores are Redis times
+    now = store.server_time()  # owed and deadline scores are Redis times
     owed = int(r.zcount(k.owed, "-inf", "+inf"))
     stuck = int(r.zcount(k.owed, "-inf", int((now - settings.owed_grace) * 1000)))
     pending = int(r.zcard(k.pending_all))

@@ -282,11 +282,6 @@ class Store:
         except redis.ConnectionError as exc:
             raise RedisUnavailable(f"cannot reach Redis: {exc}") from exc
 
-    def redis_now(self) -> float:
-        """Redis's clock, in seconds: the one clock every worker and client agrees on."""
-        sec, usec = self.client.time()
-        return sec + usec / 1e6
-
     def ping(self) -> None:
         try:
             self.client.ping()
@@ -825,11 +820,11 @@ class Store:
     def expire_due(self, now: float | None = None) -> list[tuple[str, Finished]]:
         """Expire every deferred call whose deadline has passed (what the worker sweeper does);
         returns (session id, what expiring did) for each."""
-        now = self.redis_now() if now is None else now
+        now = self.server_time() if now is None else now
         return [(sid, self.expire_call(sid, field, now=now)) for sid, field in self.due_deadlines(now)]
 
     def live_workers(self, within: float = 15.0) -> list[dict[str, Any]]:
-        now = self.redis_now()  # heartbeats are stamped with Redis's clock (tasks/services.py)
+        now = self.server_time()  # heartbeats are stamped with Redis's clock (tasks/services.py)
         out = []
         for name, raw in self.client.hgetall(self.keys.workers).items():
             try:
