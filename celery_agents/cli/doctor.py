@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import time
 from typing import Any
 
 from celery_agents.store import COMPLETIONS_GROUP, CompletionStream
@@ -157,7 +156,7 @@ def diagnose(client: Any) -> dict[str, Any]:
                 + ("" if readable else " — cannot read its queues (is it up? are the credentials right?)"),
             }
         )
-    now = time.time()
+    now = store.server_time()  # owed and deadline scores are Redis times
     owed = int(r.zcount(k.owed, "-inf", "+inf"))
     stuck = int(r.zcount(k.owed, "-inf", int((now - settings.owed_grace) * 1000)))
     pending = int(r.zcard(k.pending_all))
@@ -198,6 +197,21 @@ def diagnose(client: Any) -> dict[str, Any]:
             "detail": f"{owed} owed, {stuck} waiting longer than {settings.owed_grace:g} s",
         }
     )
+    went_back, rewound = store.rewound()
+    checks.append(
+        {
+            "name": "rewound sessions",
+            # A warning: the writes are gone; workers re-read those sessions and go on from what is stored.
+            "ok": went_back == 0,
+            "detail": f"{went_back} session(s) found older than a worker had read them"
+            + (
+                ""
+                if not went_back
+                else " — Redis lost acknowledged writes (failover or power cut with appendfsync everysec): "
+                + ", ".join(rewound)
+            ),
+        }
+    )
     completions_check, completions = _completions_check(store)
     checks.append(completions_check)
     poison = int(r.llen(k.poison))
@@ -227,6 +241,7 @@ def diagnose(client: Any) -> dict[str, Any]:
         "pending_calls": pending,
         "overdue_deadlines": overdue,
         "rejected_completions": rejected,
+        "rewound_sessions": rewound,
         "completions": completions,
         "poison_messages": poison,
         "recent_rejections": last_rejected,

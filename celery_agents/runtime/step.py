@@ -15,7 +15,7 @@ import redis
 from celery_agents.errors import RedisUnavailable, UntrustedSpec
 from celery_agents.model import ErrorInfo, SessionHeader, State, TrackedCall
 from celery_agents.runtime.lease import LeaseKeeper
-from celery_agents.runtime.ports import Fence, JournaledLlm, JournaledTools, SecureIds, SystemClock
+from celery_agents.runtime.ports import Fence, JournaledLlm, JournaledTools, RedisClock, SecureIds
 from celery_agents.scheduler import Ports, Snapshot, Transition, advance
 from celery_agents.scheduler.ports import Clock, Ids, LlmPort, ToolPort
 from celery_agents.store import LeaseLost, Loaded, Store
@@ -62,7 +62,7 @@ def run_step(
             ports = Ports(
                 llm=journaled_llm,
                 tools=JournaledTools(store, loaded.journal, tools, fence),
-                clock=clock or SystemClock(),
+                clock=clock or RedisClock(loaded.redis_now),
                 ids=ids or SecureIds(),
             )
             snap = Snapshot(header=header, agent=agent, turns=loaded.turns, calls=loaded.calls)
