@@ -13,7 +13,9 @@ runIsolated calls they dispatch.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import os
+import re
 import socket
 import time
 import uuid
@@ -35,7 +37,7 @@ from celery_agents.model import (
     UserQuery,
     load_agent_file,
 )
-from celery_agents.store import EmbeddedRedis, Store, client_for_url
+from celery_agents.store import FINISHED_STATES, EmbeddedRedis, Store, client_for_url
 
 if TYPE_CHECKING:
     from celery_agents.tools import ToolRunner
@@ -106,9 +108,18 @@ class Client:
             self._isolated = ToolRunner(isolated=True)
         return self._llm, self._tools, self._isolated
 
+    # -- ids ---------------------------------------------------------------------------------
+    def resolve(self, session_id: str) -> str:
+        """The whole session id for an id or any unique prefix of one (as git takes commits); an
+        ambiguous prefix is refused. A whole id costs no round trip."""
+        if _WHOLE_ID.match(session_id):
+            return session_id
+        return self.store.resolve(session_id)
+
     # -- views -------------------------------------------------------------------------------
     def view(self, session_id: str, *, detail: bool = False, header: SessionHeader | None = None) -> SessionView:
         """The contract's session view; `detail` adds the turns and every tracked call."""
+        session_id = header.session_id if header else self.resolve(session_id)
         h = header or self.store.header(session_id)
         view = self._views([h])[0]
         if detail:
@@ -141,24 +152,36 @@ class Client:
         return views
 
     def show(self, session_id: str, *, detail: bool = True) -> SessionView:
+        session_id = self.resolve(session_id)
         self.catch_up()
         return self.view(session_id, detail=detail)
 
     def list(self, status: str | None = None, limit: int = 50) -> list[SessionView]:
-        if status is not None and status not in {s.value for s in State} - {"running"}:
-            raise InvalidInput(f"unknown status {status!r}: use ready, tools, waiting, completed, failed or cancelled")
-        return self._views(self.store.list_sessions(status, limit))
+        if status is not None and status not in {s.value for s in State}:
+            raise InvalidInput(
+                f"unknown status {status!r}: use ready, tools, running, waiting, completed, failed or cancelled"
+            )
+        if status != State.RUNNING.value:
+            return self._views(self.store.list_sessions(status, limit))
+        # `running` is not stored: it is an active session whose step holds its lease now.
+        views = self._views(self.store.list_sessions(None, max(limit, 500)))
+        return [v for v in views if v.state == State.RUNNING][:limit]
 
     # `list` below is the method above: `builtins.list` is the type.
     def pending(self, session_id: str | None = None, limit: int = 1000) -> builtins.list[PendingCall]:
+        session_id = None if session_id is None else self.resolve(session_id)
         self.catch_up()
         return self.store.pending_view(session_id, limit=limit)
 
     def events(self, session_id: str, *, follow: bool = False, after: str = "0-0") -> Iterator[dict[str, Any]]:
         store = self.store
+        session_id = self.resolve(session_id)
         store.header(session_id)
         if follow:
-            yield from store.follow_events(session_id, after)
+            for e in store.follow_events(session_id, after):
+                yield e
+                if e["type"] in _FINAL_EVENTS:
+                    return  # the session ended: nothing more will come
             return
         while True:
             batch = store.read_events(session_id, after)
@@ -178,16 +201,18 @@ class Client:
         wait: bool = True,
         timeout: float | None = None,
         on_event: EventHook | None = None,
+        on_created: Callable[[str], None] | None = None,
     ) -> SessionView:
         """Create a session from a prompt; `step` runs one step, `run` drives it until it completes or
-        only external work remains."""
+        only external work remains. `on_created` hears the new id before any step runs."""
         if step and run:
             raise InvalidInput("choose --step or --run, not both")
         spec = agent if isinstance(agent, AgentSpec) else load_agent_file(agent)
         query = prompt if isinstance(prompt, UserQuery) else UserQuery(text=prompt)
-        if not query.text.strip() and not query.media:
-            raise InvalidInput("the prompt is empty: give -p TEXT, --file PATH or --media PATH")
+        check_prompt(query, self.settings.max_prompt_bytes)
         h = self.store.create_session(spec, query, drive="auto" if run else "manual", owe=run)
+        if on_created is not None:
+            on_created(h.session_id)
         if run:
             return self._drive(h.session_id, h.version, wait=wait, timeout=timeout, on_event=on_event, after="0-0")
         if step:
@@ -199,6 +224,7 @@ class Client:
         self, session_id: str, *, wait: bool = True, timeout: float | None = None, on_event: EventHook | None = None
     ) -> SessionView:
         """Run exactly one step (a failed session is retried from its last committed state)."""
+        session_id = self.resolve(session_id)
         store = self.store
         self.catch_up()
         version = store.prepare_step(session_id)
@@ -219,6 +245,7 @@ class Client:
         self, session_id: str, *, wait: bool = True, timeout: float | None = None, on_event: EventHook | None = None
     ) -> SessionView:
         """Drive the session (auto) until it completes, fails, or only external work remains."""
+        session_id = self.resolve(session_id)
         store = self.store
         self.catch_up()
         after = store.last_event_id(session_id)
@@ -229,11 +256,13 @@ class Client:
 
     def pause(self, session_id: str) -> SessionView:
         """Stop driving: no further step is enqueued; a step in flight finishes and commits."""
+        session_id = self.resolve(session_id)
         self.store.set_drive(session_id, "manual")
         return self.view(session_id)
 
     def cancel(self, session_id: str) -> SessionView:
         """Stop the session for good: unfinished calls cancelled, tokens dead."""
+        session_id = self.resolve(session_id)
         self.store.cancel(session_id)
         return self.view(session_id)
 
@@ -257,6 +286,39 @@ class Client:
 
             CompletionConsumer(store, self.owner).poll(block_ms=None)
 
+    def interrupted(self, session_id: str) -> bool:
+        """The command driving `session_id` was interrupted (Ctrl-C). Inline, nothing else would
+        drive it: its step is let go and the session paused (True); on workers it goes on (False)."""
+        if not self.inline:
+            return False
+        store = self.store
+        if store.lease_holder(session_id) == self.owner:
+            store.end_step(session_id, self.owner, "", "interrupted", keep_owed=True)
+        self.pause(session_id)
+        return True
+
+    # -- removing ----------------------------------------------------------------------------
+    def delete(self, session_id: str, *, force: bool = False) -> str:
+        """Delete a finished session and everything of it in Redis; returns its whole id. `force`
+        cancels an active one first."""
+        session_id = self.resolve(session_id)
+        if force:
+            with contextlib.suppress(SessionNotAdvanceable):  # already ended
+                self.store.cancel(session_id)
+        self.store.delete_session(session_id, force=force)
+        return session_id
+
+    def purge(self, states: builtins.list[str], older_than: float, limit: int | None = None) -> builtins.list[str]:
+        """Delete sessions in `states` (completed, failed, cancelled) not updated for `older_than`
+        seconds (by Redis's clock); returns the ids deleted."""
+        bad = [s for s in states if s not in _FINISHED]
+        if bad or not states:
+            raise InvalidInput(
+                f"purge takes finished states only ({', '.join(_FINISHED)}); got {', '.join(bad) or 'none'}"
+            )
+        store = self.store
+        return store.purge(states, store.server_time() - older_than, limit)
+
     def _wake(self, session_id: str, version: int) -> None:
         self.dispatcher.step(session_id, version, "wake")
 
@@ -264,6 +326,7 @@ class Client:
         """Run this session's unfinished runIsolated calls here, sandboxed, and record their results."""
         from celery_agents.runtime import run_call
 
+        session_id = self.resolve(session_id)
         store = self.store
         _, _, isolated = self._ports()
         for call in store.pending_calls(session_id):
@@ -418,6 +481,21 @@ class Client:
                     return
             if not events and done(None):
                 return
+
+
+def check_prompt(query: UserQuery, max_bytes: int) -> None:
+    """The one rule on a prompt (start, and any later message): not empty, text within the limit
+    (attachments have their own, AGENTS_MEDIA_MAX_BYTES)."""
+    if not query.text.strip() and not query.media:
+        raise InvalidInput("the prompt is empty: give -p TEXT, --file PATH or --media PATH")
+    size = len(query.text.encode(errors="surrogatepass"))
+    if size > max_bytes:
+        raise InvalidInput(f"the prompt is {size} bytes, more than the limit of {max_bytes} (AGENTS_MAX_PROMPT_BYTES)")
+
+
+_WHOLE_ID = re.compile(r"^[0-9a-f]{32}$")
+_FINISHED = FINISHED_STATES
+_FINAL_EVENTS = frozenset({"completed", "failed", "cancelled"})
 
 
 def _step_done(event: dict[str, Any] | None, version: int, request: str) -> bool:

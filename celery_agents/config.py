@@ -21,6 +21,23 @@ def _float_env(name: str, default: float) -> float:
         raise ValueError(f"environment variable {name}={raw!r} is not a number") from exc
 
 
+def _int_env(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError as exc:
+        raise ValueError(f"environment variable {name}={raw!r} is not a whole number") from exc
+    if value <= 0:
+        raise ValueError(f"environment variable {name}={raw!r} must be positive")
+    return value
+
+
+#: the default of AGENTS_MAX_RESULT_BYTES and AGENTS_MAX_PROMPT_BYTES
+ONE_MIB = 1024 * 1024
+
+
 @dataclass(frozen=True)
 class Settings:
     """Where state lives and how long things may take."""
@@ -52,6 +69,16 @@ class Settings:
     restore_interval: float = 10.0
     #: AGENTS_ALLOW_EVICTION=1: run on a Redis whose maxmemory-policy may evict keys
     allow_eviction: bool = False
+    #: a result (completion, or a tool's answer) larger than this is refused or cut (bytes of JSON)
+    max_result_bytes: int = ONE_MIB
+    #: a prompt larger than this is refused (bytes of its text)
+    max_prompt_bytes: int = ONE_MIB
+    #: signs stored agent specs; workers run nothing of a spec that does not verify. Never stored,
+    #: never printed (kept out of repr).
+    spec_key: str | None = field(default=None, repr=False)
+    #: finished sessions (completed, failed, cancelled) not updated for this many days are deleted
+    #: by the workers, a few per sweep; None keeps them forever
+    retention_days: float | None = None
 
     @property
     def embedded(self) -> bool:
@@ -76,5 +103,9 @@ class Settings:
             skew_margin=_float_env("AGENTS_CLOCK_SKEW", 10.0),
             restore_interval=_float_env("AGENTS_RESTORE_INTERVAL", 10.0),
             allow_eviction=env.get("AGENTS_ALLOW_EVICTION") == "1",
+            max_result_bytes=_int_env("AGENTS_MAX_RESULT_BYTES", ONE_MIB),
+            max_prompt_bytes=_int_env("AGENTS_MAX_PROMPT_BYTES", ONE_MIB),
+            spec_key=env.get("AGENTS_SPEC_KEY") or None,
+            retention_days=max(_float_env("AGENTS_RETENTION_DAYS", 0.0), 0.0) or None,
         )
         return replace(s, **overrides) if overrides else s  # type: ignore[arg-type]

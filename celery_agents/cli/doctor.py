@@ -13,6 +13,7 @@ from celery_agents.tasks.queues import QueueProbe
 _SANDBOX_PARTS = (
     ("own_uid", "a uid per call"),
     ("run_cgroup", "a cgroup per call (memory and processes of the whole run)"),
+    ("namespaces", "namespaces of their own (network, other runs and the worker's processes hidden)"),
     ("bubblewrap", "bubblewrap (filesystem and network hidden)"),
 )
 
@@ -33,7 +34,7 @@ def _completions_check(store: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     if stuck:
         detail += " — stuck: no worker applies them (is one running? see its log)"
     figures = {"waiting": cs.waiting, "pending": cs.pending, "lag": cs.lag, "oldest_s": cs.oldest_s}
-    return {"name": "completions", "ok": not stuck, "detail": detail}, figures
+    return {"name": "completions", "ok": not stuck, "detail": detail, "fails_doctor": True}, figures
 
 
 def _redact(url: str) -> str:
@@ -62,6 +63,26 @@ def _lapsed_leases(store: Any, older_than: float, limit: int = 1000) -> int:
     for i in range(len(calls)):
         n += int(bool(rows[base + 2 * i]) and not rows[base + 2 * i + 1])
     return n
+
+
+def _sandbox_check(worker: dict[str, Any]) -> dict[str, Any]:
+    """How an isolated worker confines calls. One that can contain nothing fails doctor (its
+    isolated calls all fail); one without bubblewrap is a warning (the filesystem stays readable)."""
+    box = worker["sandbox"]
+    name = f"sandbox on {worker['name']}"
+    # Heartbeats of workers from before `contained` existed: bubblewrap was their only containment.
+    contained = box.get("contained", bool(box.get("bubblewrap")))
+    if not contained:
+        why = box.get("why") or "it can neither run bubblewrap nor create namespaces"
+        return {"name": name, "ok": False, "fails_doctor": True, "detail": f"runs no isolated call: {why}"}
+    strengths = [text for key, text in _SANDBOX_PARTS if box.get(key)]
+    return {
+        "name": name,
+        "ok": bool(box.get("bubblewrap")),  # a warning only
+        "detail": "runIsolated calls get rlimits"
+        + "".join(f", {s}" for s in strengths)
+        + ("" if box.get("bubblewrap") else " — no bubblewrap: files others may read stay readable"),
+    }
 
 
 def diagnose(client: Any) -> dict[str, Any]:
@@ -112,19 +133,7 @@ def diagnose(client: Any) -> dict[str, Any]:
             + ("" if workers or client.inline else " — start one with `agents worker`"),
         }
     )
-    for w in workers:
-        box = w.get("sandbox")
-        if box is not None:
-            strengths = [name for key, name in _SANDBOX_PARTS if box.get(key)]
-            checks.append(
-                {
-                    "name": f"sandbox on {w['name']}",
-                    "ok": bool(box.get("bubblewrap")),  # a warning only: doctor does not fail on it
-                    "detail": "runIsolated calls get rlimits"
-                    + "".join(f", {s}" for s in strengths)
-                    + ("" if box.get("bubblewrap") else " — no bubblewrap: files and network stay reachable"),
-                }
-            )
+    checks += [_sandbox_check(w) for w in workers if w.get("sandbox") is not None]
     probe = QueueProbe(settings, r)
     queues = {q: head.depth for q, head in probe.heads(QUEUES).items()}
     probe.close()
@@ -148,6 +157,22 @@ def diagnose(client: Any) -> dict[str, Any]:
         s: int(r.zcard(k.state_index(s))) for s in ("ready", "tools", "waiting", "completed", "failed", "cancelled")
     }
     lapsed = _lapsed_leases(store, now - settings.owed_grace)
+    served = {q for w in workers for q in w.get("queues", [])}
+    unserved = {q: n for q, n in queues.items() if n and q not in served}
+    if not client.inline or unserved:
+        checks.append(
+            {
+                "name": "queues",
+                "ok": not unserved,
+                "detail": "every queue holding messages has a worker"
+                if not unserved
+                else "; ".join(
+                    f"{n} message(s) wait on {q}, which no live worker consumes (agents worker --queues {q})"
+                    for q, n in unserved.items()
+                ),
+            }
+        )
+    sampled, sampled_bytes = store.memory_per_session()
     checks.append(
         {
             "name": "leases",
@@ -176,7 +201,12 @@ def diagnose(client: Any) -> dict[str, Any]:
     )
     last_rejected = [{"id": eid, **fields} for eid, fields in (r.xrevrange(k.rejected, count=5) if rejected else [])]
     return {
-        "ok": all(c["ok"] for c in checks if c["name"] in ("redis", "broker", "workers", "owed steps", "completions")),
+        "ok": all(
+            c["ok"]
+            for c in checks
+            if c["name"] in ("redis", "broker", "workers", "owed steps", "queues", "completions")
+            or c.get("fails_doctor")
+        ),
         "mode": "inline" if client.inline else "queue",
         "prefix": settings.prefix,
         "checks": checks,
@@ -191,24 +221,35 @@ def diagnose(client: Any) -> dict[str, Any]:
         "poison_messages": poison,
         "recent_rejections": last_rejected,
         "sessions": states,
+        # MEMORY USAGE of the most recent sessions' keys, averaged: what one more session costs.
+        "memory_per_session_bytes": sampled_bytes // sampled if sampled else None,
+        "retention_days": settings.retention_days,
     }
 
 
 def render(report: dict[str, Any]) -> None:
-    from celery_agents.cli.output import err
+    from celery_agents.cli.output import escape
+    from celery_agents.cli.output import out as console  # the report is the command's output
 
     for c in report["checks"]:
         mark = "[green]ok[/]" if c["ok"] else "[yellow]!![/]"
-        err.print(f"{mark} {c['name']}: {c['detail']}")
-    err.print(
+        console.print(f"{mark} {c['name']}: {c['detail']}")
+    console.print(
         "queues: "
         + ", ".join(f"{q} {'?' if n is None else n}" for q, n in report["queues"].items())
         + (" (the broker could not be read)" if None in report["queues"].values() else "")
     )
-    err.print("sessions: " + ", ".join(f"{s} {n}" for s, n in report["sessions"].items()))
-    err.print(
+    console.print("sessions: " + ", ".join(f"{s} {n}" for s, n in report["sessions"].items()))
+    per = report.get("memory_per_session_bytes")
+    retention = report.get("retention_days")
+    console.print(
+        f"memory per session: {'-' if per is None else f'{per / 1024:.1f} KiB'} (recent sessions); retention: "
+        + (f"finished sessions deleted after {retention:g} days" if retention else "off (AGENTS_RETENTION_DAYS)")
+    )
+    console.print(
         f"pending calls {report['pending_calls']}, overdue deadlines {report['overdue_deadlines']}, "
         f"rejected completions {report['rejected_completions']}"
     )
     for rej in report["recent_rejections"]:
-        err.print(f"  rejected {rej.get('token', '')[:40]}: {rej.get('reason', '')}")
+        # What a completer wrote: shown, never obeyed by the terminal.
+        console.print(f"  rejected {escape(rej.get('token', '')[:40])}: {escape(rej.get('reason', ''))}")

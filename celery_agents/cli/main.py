@@ -1,8 +1,10 @@
 """The `agents` command: a thin typer layer over `celery_agents.Client`.
 
-Every command takes `--json` (exactly one JSON document on stdout, human text on stderr) and exits
-with the contract's codes: 0 ok, 1 unexpected, 2 invalid input, 3 not found, 4 wait timed out,
-5 conflict. Nothing here imports litellm: commands that call a model reach it through the client.
+Every command takes `--json` (exactly one JSON document on stdout, human text on stderr);
+without it a command's primary output goes to stdout and progress and diagnostics to stderr.
+Session ids may be given as any unique prefix. Exit codes are the contract's: 0 ok,
+1 unexpected, 2 invalid input, 3 not found, 4 wait timed out, 5 conflict, 130 interrupted.
+Nothing here imports litellm: commands that call a model reach it through the client.
 """
 
 from __future__ import annotations
@@ -15,8 +17,19 @@ from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
+import typer.core
 
 from celery_agents.errors import AgentsError, InvalidInput, RedisUnavailable
+
+_type_of = typer.core.TyperOption.display_type_rich
+
+
+def _no_type_on_flags(self: typer.core.TyperOption, ctx: Any) -> str | None:
+    # A flag takes no value: help shows no type for it (typer would print `<bool>`).
+    return None if self.is_flag else _type_of(self, ctx)
+
+
+typer.core.TyperOption.display_type_rich = _no_type_on_flags  # type: ignore[method-assign]
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -26,7 +39,8 @@ app = typer.Typer(
 )
 session_app = typer.Typer(
     no_args_is_help=True,
-    help="Operate sessions: start, step, resume, pause, pending, complete, show, list, cancel, logs.",
+    help="Operate sessions: start, step, resume, pause, pending, complete, run-isolated, show, list, cancel, "
+    "logs, delete, purge. ID may be any unique prefix of a session id.",
 )
 app.add_typer(session_app, name="session")
 
@@ -46,7 +60,7 @@ FileOpt = Annotated[
 MediaOpt = Annotated[
     list[str] | None, typer.Option("--media", "-m", help="An image or other file attached to the prompt (repeatable).")
 ]
-SessionArg = Annotated[str, typer.Argument(help="The session id.", metavar="ID")]
+SessionArg = Annotated[str, typer.Argument(help="The session id, or any unique prefix of it.", metavar="ID")]
 
 
 class Thinking(StrEnum):
@@ -69,6 +83,15 @@ def _fail(exc: AgentsError, as_json: bool) -> NoReturn:
     raise typer.Exit(exc.exit_code)
 
 
+def _where(client: Any) -> str:
+    """The Redis a command used, for error messages (the password redacted)."""
+    import re
+
+    s = client.settings
+    place = re.sub(r"//([^@/]*)@", "//***@", s.redis_url) if s.redis_url else f"the embedded Redis under {s.home}"
+    return f"{place} (prefix {s.prefix})"
+
+
 @contextlib.contextmanager
 def _command(as_json: bool, inline: bool = False) -> Iterator[Any]:
     """A client for the command; errors become the contract's exit codes and JSON errors."""
@@ -80,10 +103,12 @@ def _command(as_json: bool, inline: bool = False) -> Iterator[Any]:
     try:
         client = Client(inline=True if inline else None)
         yield client
+    except RedisUnavailable as exc:
+        _fail(RedisUnavailable(f"{exc.message} — tried {_where(client)}"), as_json)
     except AgentsError as exc:
         _fail(exc, as_json)
     except (redis.ConnectionError, redis.TimeoutError) as exc:
-        _fail(RedisUnavailable(f"cannot reach Redis: {exc}"), as_json)
+        _fail(RedisUnavailable(f"cannot reach Redis at {_where(client)}: {exc}"), as_json)
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     finally:
@@ -99,6 +124,8 @@ def _prompt(prompts: list[str] | None, files: list[str] | None, media: list[str]
 
 
 def _print_view(view: Any, as_json: bool, thinking: Thinking = Thinking.none, answer_to_stdout: bool = False) -> None:
+    """The session view on stdout; with `answer_to_stdout` (`run`) only the answer goes to
+    stdout and the view, a summary, to stderr."""
     from celery_agents.cli import output
 
     if as_json:
@@ -106,9 +133,10 @@ def _print_view(view: Any, as_json: bool, thinking: Thinking = Thinking.none, an
         return
     if thinking != Thinking.none and view.state.value == "completed":
         _print_thinking(view, thinking)
-    output.render_view(view, answer=not answer_to_stdout)
+    output.render_view(view, output.err if answer_to_stdout else output.out, answer=not answer_to_stdout)
     if answer_to_stdout and view.state.value == "completed" and view.response is not None:
-        output.out.print(view.response, markup=False)
+        sys.stdout.write(output.printable(view.response) + "\n")
+        sys.stdout.flush()
 
 
 def _exit_if_ended_badly(view: Any) -> None:
@@ -119,22 +147,38 @@ def _exit_if_ended_badly(view: Any) -> None:
 
 
 def _print_thinking(view: Any, thinking: Thinking) -> None:
-    from celery_agents.cli.output import err, out
+    from celery_agents.cli.output import err, out, printable
 
     console = out if thinking == Thinking.stdout else err
     turns = view.turns or []
     for t in turns:
         if t.get("kind") == "LlmTurn" and t.get("reasoning"):
-            console.print(f"[thinking] {t['reasoning']}", markup=False)
+            console.print(f"[thinking] {printable(t['reasoning'])}", markup=False)
 
 
-def _progress(as_json: bool) -> Any:
-    from celery_agents.cli.output import Progress
+def _progress(as_json: bool, client: Any) -> Any:
+    from celery_agents.cli.progress import Progress
 
-    return Progress(enabled=True)
+    def tokens(session_id: str) -> dict[str, str]:
+        return {p.call_id: p.token for p in client.store.pending_view(session_id) if p.token}
+
+    return Progress(lines=not as_json, tokens=tokens)
 
 
-def _warn_no_workers(client: Any) -> None:
+def _queues_used(spec: Any) -> set[str]:
+    """The queues a session of this agent may publish to: steps, and tools / isolated when its
+    policy runs calls that way."""
+    used = {"steps"}
+    policy = spec.tool_call_policy
+    if spec.mode != "asynchronous" or policy is None:
+        return used
+    for disposition in [policy.default, *(r.disposition for r in policy.rules)]:
+        used |= {"runAsync": {"tools"}, "runIsolated": {"isolated"}}.get(disposition.tag, set())
+    return used
+
+
+def _warn_no_workers(client: Any, used: set[str]) -> None:
+    """Say when no live worker consumes a queue this command's session will publish to."""
     if client.inline:
         return
     workers = client.store.live_workers()
@@ -144,7 +188,7 @@ def _warn_no_workers(client: Any) -> None:
         warnings.append("no worker is running: start one with `agents worker` (or use --inline)")
     else:
         for queue, what in (("steps", "steps"), ("tools", "runAsync calls"), ("isolated", "runIsolated calls")):
-            if queue not in served:
+            if queue in used and queue not in served:
                 hint = " (or run them here: agents session run-isolated ID)" if queue == "isolated" else ""
                 warnings.append(f"no worker consumes the {queue} queue: {what} wait until one does{hint}")
     if warnings:
@@ -154,28 +198,97 @@ def _warn_no_workers(client: Any) -> None:
             err.print(f"[yellow]{w}[/]")
 
 
+def _load_agent(agent_file: Path) -> Any:
+    """The agent file, validated; fields of agents-exe files that are not used here are named
+    on stderr (they are ignored, not refused)."""
+    from celery_agents.model import load_agent_file
+
+    spec = load_agent_file(agent_file)
+    if spec.ignored_fields:
+        from celery_agents.cli.output import err, escape
+
+        err.print(
+            f"[yellow]warning:[/] {escape(str(agent_file))}: ignoring fields of agents-exe files that "
+            f"celery-agents does not use: {escape(', '.join(spec.ignored_fields))}"
+        )
+    return spec
+
+
 def _advance(
     as_json: bool,
     inline: bool,
     thinking: Thinking,
     action: Callable[[Any, Any, Any], Any],
     *,
+    session_id: str | None = None,
+    agent_file: Path | None = None,
     prompt: tuple[list[str] | None, list[str] | None, list[str] | None] | None = None,
     warn: bool = True,
     answer_to_stdout: bool = False,
 ) -> None:
-    """A command that advances a session: build the prompt if any, run `action(client, query,
-    progress)`, print the view; exit 5 when the session ended failed or cancelled."""
+    """A command that advances a session: build the prompt if any, run `action(client, spec or
+    query, progress)`, print the view; exit 5 when the session ended failed or cancelled, 130
+    on Ctrl-C after saying what became of the session."""
     with _command(as_json, inline) as client:
+        spec = _load_agent(agent_file) if agent_file is not None else None
         query = _prompt(*prompt) if prompt is not None else None
+        if session_id is not None:
+            session_id = client.resolve(session_id)
         if warn:
-            _warn_no_workers(client)
-        with _progress(as_json) as progress:
-            view = action(client, query, progress)
-        if thinking != Thinking.none:
+            agent = spec if spec is not None else client.store.agent(client.store.header(session_id).agent_hash)
+            _warn_no_workers(client, _queues_used(agent))
+        progress = _progress(as_json, client)
+        progress.session_id = session_id
+        try:
+            with progress:
+                view = action(client, (spec, query) if spec is not None else session_id, progress)
+        except KeyboardInterrupt:
+            _interrupted(client, progress.session_id)
+        if thinking != Thinking.none or answer_to_stdout:
             view = client.view(view.session_id, detail=True)
         _print_view(view, as_json, thinking, answer_to_stdout=answer_to_stdout)
+        if answer_to_stdout and not as_json:
+            _summarise_failed_calls(view)
         _exit_if_ended_badly(view)
+
+
+def _interrupted(client: Any, session_id: str | None) -> NoReturn:
+    """Ctrl-C while a command drove a session: say whether it goes on or was paused, and how to
+    continue; exit 130."""
+    from celery_agents.cli.output import err
+
+    if session_id is None:
+        raise typer.Exit(130)
+    try:
+        paused = client.interrupted(session_id)
+    except Exception:  # Redis gone as well: say what we know
+        paused = client.inline
+    if paused:
+        err.print(
+            f"interrupted: session {session_id} was paused (its step was not finished).\n"
+            f"  continue it: agents session resume {session_id}"
+        )
+    else:
+        err.print(
+            f"interrupted: session {session_id} goes on on the workers.\n"
+            f"  follow it:   agents session logs {session_id} --follow\n"
+            f"  see it:      agents session show {session_id}\n"
+            f"  stop it:     agents session pause {session_id}"
+        )
+    raise typer.Exit(130)
+
+
+def _summarise_failed_calls(view: Any) -> None:
+    """A run whose tools failed says so (the model may have papered over it in its answer)."""
+    from celery_agents.cli.output import err, escape
+
+    failed = [c for c in (view.calls or []) if c.get("state") in ("failed", "expired")]
+    if not failed:
+        return
+    err.print(f"[yellow]{len(failed)} tool call(s) failed[/] (agents session show {view.session_id}):")
+    for c in failed:
+        text = " ".join(str(c.get("error") or c.get("state")).split())
+        err.print(f"  {escape(c.get('tool', '?'))}: {escape(text[:200])}")
 
 
 # -- commands ----------------------------------------------------------------------------------
@@ -196,9 +309,10 @@ def run(
         as_json,
         inline,
         thinking,
-        lambda client, query, progress: client.start(
-            agent_file, query, run=True, wait=wait, timeout=timeout, on_event=progress
+        lambda client, spec_query, progress: client.start(
+            *spec_query, run=True, wait=wait, timeout=timeout, on_event=progress, on_created=progress.created
         ),
+        agent_file=agent_file,
         prompt=(prompt, file, media),
         answer_to_stdout=True,
     )
@@ -225,9 +339,10 @@ def session_start(
         as_json,
         inline,
         thinking,
-        lambda client, query, progress: client.start(
-            agent_file, query, step=step, run=run_, wait=wait, timeout=timeout, on_event=progress
+        lambda client, spec_query, progress: client.start(
+            *spec_query, step=step, run=run_, wait=wait, timeout=timeout, on_event=progress, on_created=progress.created
         ),
+        agent_file=agent_file,
         prompt=(prompt, file, media),
         warn=step or run_,
     )
@@ -247,7 +362,8 @@ def session_step(
         as_json,
         inline,
         thinking,
-        lambda client, _, progress: client.step(session_id, wait=wait, timeout=timeout, on_event=progress),
+        lambda client, sid, progress: client.step(sid, wait=wait, timeout=timeout, on_event=progress),
+        session_id=session_id,
     )
 
 
@@ -265,7 +381,8 @@ def session_resume(
         as_json,
         inline,
         thinking,
-        lambda client, _, progress: client.resume(session_id, wait=wait, timeout=timeout, on_event=progress),
+        lambda client, sid, progress: client.resume(sid, wait=wait, timeout=timeout, on_event=progress),
+        session_id=session_id,
     )
 
 
@@ -302,16 +419,21 @@ def session_complete(
         str, typer.Argument(help="The result: a file holding JSON or text, or - for stdin.", metavar="RESULT_FILE|-")
     ],
     error: Annotated[bool, typer.Option("--error", help="Record the text as the call's error.")] = False,
+    text: Annotated[bool, typer.Option("--text", help="Record the file as text even if it looks like JSON.")] = False,
     by: Annotated[str | None, typer.Option("--by", help="Who completes it (recorded).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Complete a deferred call with its result; an auto-driven session then continues by itself."""
+    """Complete a deferred call with its result (JSON, or text); an auto-driven session then
+    continues by itself. Tokens are listed by `agents session pending`."""
     from celery_agents.cli.output import emit_json, render_completion
-    from celery_agents.cli.prompt import parse_result, read_result
+    from celery_agents.cli.prompt import check_token_shape, parse_result, read_result
 
     with _command(as_json) as client:
+        check_token_shape(token)
         raw = read_result(result_file)
-        outcome = client.complete(token, raw.strip() if error else parse_result(raw), error=error, by=by)
+        max_bytes = client.settings.max_result_bytes
+        value = raw.strip() if error or text else parse_result(raw, max_bytes, result_file)
+        outcome = client.complete(token, value, error=error, by=by)
         if as_json:
             emit_json(outcome.model_dump(mode="json"))
         else:
@@ -346,7 +468,7 @@ def session_show(
 @session_app.command("list")
 def session_list(
     status: Annotated[
-        str | None, typer.Option("--status", help="ready, tools, waiting, completed, failed or cancelled.")
+        str | None, typer.Option("--status", help="ready, tools, running, waiting, completed, failed or cancelled.")
     ] = None,
     limit: Annotated[int, typer.Option("--limit", help="At most N sessions, newest first.", min=1)] = 50,
     as_json: JsonOpt = False,
@@ -372,10 +494,13 @@ def session_cancel(session_id: SessionArg, as_json: JsonOpt = False) -> None:
 @session_app.command("logs")
 def session_logs(
     session_id: SessionArg,
-    follow: Annotated[bool, typer.Option("--follow", "-F", help="Keep printing new events.")] = False,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-F", help="Keep printing new events until the session ends.")
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Print the session's events, one per line (JSON lines with --json)."""
+    """Print the session's events, one per line: time and what happened (with --json, one JSON
+    document per event, one per line). --follow keeps printing until the session ends."""
     import json
 
     from celery_agents.cli.output import event_line
@@ -385,8 +510,52 @@ def session_logs(
             if as_json:
                 sys.stdout.write(json.dumps(e, ensure_ascii=False) + "\n")
             else:
-                sys.stdout.write(event_line(e) + "\n")
+                sys.stdout.write(event_line(e) + "\n")  # event_line writes control characters out
             sys.stdout.flush()
+
+
+@session_app.command("delete")
+def session_delete(
+    session_ids: Annotated[list[str], typer.Argument(help="Session ids (or unique prefixes).", metavar="ID...")],
+    force: Annotated[bool, typer.Option("--force", help="Cancel an active session, then delete it.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Delete finished sessions: every key of each in Redis and its entries in every index."""
+    from celery_agents.cli.output import emit_json, out
+
+    with _command(as_json) as client:
+        deleted = [client.delete(sid, force=force) for sid in session_ids]
+        if as_json:
+            emit_json({"deleted": deleted})
+        else:
+            for sid in deleted:
+                out.print(f"deleted {sid}")
+
+
+@session_app.command("purge")
+def session_purge(
+    older_than: Annotated[
+        str, typer.Option("--older-than", help="Age since the last update: 30d, 12h, 45m or 90s.", metavar="AGE")
+    ],
+    status: Annotated[
+        str, typer.Option("--status", help="Finished states to purge, comma-separated.")
+    ] = "completed,failed,cancelled",
+    limit: Annotated[int | None, typer.Option("--limit", help="Delete at most N sessions.", min=1)] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Delete finished sessions not updated for a while (AGENTS_RETENTION_DAYS does it on workers)."""
+    from celery_agents.cli.output import emit_json, err, out
+    from celery_agents.cli.prompt import parse_age
+
+    with _command(as_json) as client:
+        seconds = parse_age(older_than)
+        deleted = client.purge([s.strip() for s in status.split(",") if s.strip()], seconds, limit)
+        if as_json:
+            emit_json({"deleted": deleted})
+        else:
+            for sid in deleted:
+                out.print(f"deleted {sid}")
+            err.print(f"{len(deleted)} session(s) deleted")
 
 
 @app.command()
@@ -394,21 +563,44 @@ def worker(
     queues: Annotated[
         str, typer.Option("--queues", "-Q", help="Queues to consume, comma-separated.")
     ] = "steps,tools,isolated",
-    concurrency: Annotated[int, typer.Option("--concurrency", "-c", help="Worker processes.", min=1)] = 2,
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", "-c", help="Processes for tool calls (tools, isolated queues).", min=1)
+    ] = 2,
+    step_threads: Annotated[
+        int, typer.Option("--step-threads", help="Steps one steps process keeps in flight at once.", min=1)
+    ] = 200,
+    step_processes: Annotated[
+        int | None,
+        typer.Option("--step-processes", help="Processes for steps [default: one per core, at most 8].", min=1),
+    ] = None,
     name: Annotated[str | None, typer.Option("--name", "-n", help="Worker name (Celery hostname).")] = None,
     loglevel: Annotated[str, typer.Option("--loglevel", "-l", help="Log level.")] = "INFO",
 ) -> None:
-    """Run a Celery worker for steps and tool calls (on the embedded Redis when AGENTS_REDIS_URL is unset)."""
-    from celery_agents.tasks.config import QUEUES, worker_argv
+    """Run the workers for steps and tool calls (on the embedded Redis when AGENTS_REDIS_URL is unset).
+
+    Steps wait on the model in threads (--step-threads per process, --step-processes processes);
+    tool calls run in a prefork pool of --concurrency processes. One process supervises them all."""
+    import logging
+    import os
+    import socket
+
+    from celery_agents.tasks.config import QUEUES
+    from celery_agents.tasks.supervisor import Supervisor, WorkerPlan, default_step_processes
 
     wanted = [q.strip() for q in queues.split(",") if q.strip()]
     unknown = [q for q in wanted if q not in QUEUES]
     if unknown or not wanted:
         _fail(InvalidInput(f"unknown queue(s): {', '.join(unknown) or '(none given)'}; use {', '.join(QUEUES)}"), False)
-    from celery_agents.tasks import app as celery_app
-
-    argv = worker_argv(wanted, concurrency, loglevel, name)
-    celery_app.worker_main(argv)
+    logging.basicConfig(level=loglevel.upper(), format="[%(asctime)s: %(levelname)s/supervisor] %(message)s")
+    plan = WorkerPlan(
+        queues=wanted,
+        name=name or f"agents-{os.getpid()}@{socket.gethostname()}",
+        tool_processes=concurrency,
+        step_processes=step_processes or default_step_processes(),
+        step_threads=step_threads,
+        loglevel=loglevel,
+    )
+    raise typer.Exit(Supervisor(plan).run())
 
 
 @app.command()
@@ -426,6 +618,24 @@ def doctor(as_json: JsonOpt = False) -> None:
             render(report)
         if not report["ok"]:
             raise typer.Exit(1)
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        from celery_agents import __version__
+
+        sys.stdout.write(f"agents (celery-agents) {__version__}\n")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", help="Print the version and exit.", callback=_show_version, is_eager=True),
+    ] = False,
+) -> None:
+    """Durable, step-wise LLM agent sessions on Celery workers with all state in Redis."""
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,12 +1,16 @@
-"""What the CLI prints: one JSON document on stdout with `--json`, readable text on stderr otherwise
-(and a command's main result, such as `run`'s answer, on stdout)."""
+"""What the CLI prints: one JSON document on stdout with `--json`; otherwise a command's primary
+output (the answer, the session view, tables) on stdout with whole ids, and progress and
+diagnostics on stderr. Every piece of text that came from outside (a model, a tool, a completer)
+goes through `printable` (or `escape`, on a rich console) before it reaches a terminal, so it
+cannot move the cursor, clear the screen or retitle the window."""
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from celery_agents.model import CompletionOutcome, PendingCall, SessionView
 
@@ -14,6 +18,9 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 _consoles: dict[str, Any] = {}
+
+# Piped output is never cut to a terminal's width: a table row keeps its whole session id.
+_PIPE_WIDTH = 100_000
 
 
 def __getattr__(name: str) -> Any:
@@ -23,18 +30,37 @@ def __getattr__(name: str) -> Any:
     if name not in _consoles:
         from rich.console import Console
 
-        _consoles[name] = Console(stderr=name == "err", highlight=False, soft_wrap=True)
+        stream = sys.stderr if name == "err" else sys.stdout
+        width = None if stream.isatty() else _PIPE_WIDTH
+        _consoles[name] = Console(file=stream, highlight=False, soft_wrap=True, width=width)
     return _consoles[name]
 
 
 def _console(console: Console | None) -> Console:
-    return console if console is not None else __getattr__("err")
+    return console if console is not None else __getattr__("out")
+
+
+# C0 and C1 controls (but newline and tab), DEL, and the bidirectional overrides that reorder text.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def _visible(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(text: str) -> str:
+    """`text` with every control character written out (`ESC` becomes `\\x1b`): what a model, a
+    tool or a completer wrote is shown, never obeyed by the terminal. Used by every human
+    renderer (through `escape` on rich consoles)."""
+    return _CONTROL.sub(_visible, text)
 
 
 def escape(text: str) -> str:
+    """Outside text made safe for a rich console: controls written out, markup escaped."""
     from rich.markup import escape as rich_escape
 
-    return rich_escape(text)
+    return rich_escape(printable(text))
 
 
 _STATE_STYLE = {
@@ -56,7 +82,7 @@ def emit_json(doc: Any) -> None:
 
 def _short(value: Any, limit: int = 160) -> str:
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    text = " ".join(text.split())
+    text = printable(" ".join(text.split()))
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
@@ -73,7 +99,7 @@ def state_text(state: str) -> str:
 def render_pending(pending: list[PendingCall], console: Console | None = None) -> None:
     console = _console(console)
     if not pending:
-        console.print("no pending calls")
+        err_console().print("no pending calls")
         return
     for p in pending:
         line = f"• {escape(p.tool)}({escape(_short(p.arguments, 100))}) [dim]{p.disposition}, {p.state}[/]"
@@ -112,7 +138,7 @@ def render_turns(view: SessionView, console: Console | None = None, thinking: bo
             if q:
                 console.print(f"[bold blue]user:[/] {escape(q.get('text', ''))}")
                 for m in q.get("media", []):
-                    console.print(f"  [dim]attached {m.get('filename') or m['mime_type']}[/]")
+                    console.print(f"  [dim]attached {escape(m.get('filename') or m['mime_type'])}[/]")
             for r in turn.get("tool_responses", []):
                 style = "red" if r.get("is_error") else "magenta"
                 console.print(
@@ -145,7 +171,7 @@ def render_turns(view: SessionView, console: Console | None = None, thinking: bo
                 cost = f", ${u['cost']:.6f}" if u.get("cost") is not None else ""
                 reasoning = f", {u['reasoning_tokens']} reasoning" if u.get("reasoning_tokens") else ""
                 console.print(
-                    f"  [dim]{turn.get('model', '')}: {u.get('prompt_tokens', 0)} in, "
+                    f"  [dim]{escape(turn.get('model', ''))}: {u.get('prompt_tokens', 0)} in, "
                     f"{u.get('completion_tokens', 0)} out{reasoning}{cost}[/]"
                 )
     u = view.usage
@@ -157,18 +183,30 @@ def render_turns(view: SessionView, console: Console | None = None, thinking: bo
 def render_list(views: list[SessionView], console: Console | None = None) -> None:
     console = _console(console)
     if not views:
-        console.print("no sessions")
+        err_console().print("no sessions")
         return
     from rich.table import Table
 
     table = Table(show_header=True, header_style="bold", box=None)
-    for col in ("session", "agent", "state", "steps", "pending", "updated"):
-        table.add_column(col, no_wrap=True)
+    # The id is never cut: it is what the next command takes.
+    table.add_column("session", no_wrap=True, min_width=max(len(v.session_id) for v in views))
+    for col in ("agent", "state", "steps", "pending", "updated"):
+        table.add_column(col, overflow="fold")
     for v in views:
         table.add_row(
-            v.session_id, v.agent, state_text(v.state.value), str(v.steps), str(len(v.pending)), _when(v.updated_at)
+            v.session_id,
+            escape(v.agent),
+            state_text(v.state.value),
+            str(v.steps),
+            str(len(v.pending)),
+            _when(v.updated_at),
         )
     console.print(table)
+
+
+def err_console() -> Console:
+    """The console for progress and diagnostics (stderr)."""
+    return cast("Console", __getattr__("err"))
 
 
 def render_completion(outcome: CompletionOutcome, console: Console | None = None) -> None:
@@ -183,55 +221,61 @@ def render_completion(outcome: CompletionOutcome, console: Console | None = None
         console.print(f"next: agents session resume {outcome.session_id}  (or step)")
 
 
-_EVENT_TEXT = {
-    "session_started": "session started",
-    "step_started": "step started",
-    "step_committed": "step committed",
-    "step_noop": "step: nothing to do yet",
-    "step_skipped": "step skipped",
-    "llm_called": "model answered",
-    "tool_dispatched": "tool dispatched",
-    "tool_finished": "tool finished",
-    "token_created": "waiting for an outside result",
-    "token_completed": "outside result received",
-    "token_expired": "deadline passed",
-    "token_rejected": "completion rejected",
-    "completed": "session completed",
-    "failed": "session failed",
-    "paused": "paused",
-    "resumed": "resumed",
-    "cancelled": "cancelled",
-}
+def _seconds(ms: Any) -> str:
+    return f" in {float(ms) / 1000:.1f} s" if isinstance(ms, int | float) else ""
 
-_HIDDEN = {"id", "type", "at", "version"}
+
+def event_text(e: dict[str, Any]) -> str | None:
+    """What an event means to a person, in one line; None for the bookkeeping nobody needs to
+    read (a skipped duplicate step, a step that found nothing to do). Outside text is printable."""
+    kind, version = e.get("type", ""), e.get("version", 0)
+    tool = printable(str(e.get("tool", "")))
+    if kind == "session_started":
+        return f"session started ({printable(str(e.get('agent', '')))}, {e.get('drive', 'manual')} drive)"
+    if kind == "step_started":
+        return f"step {version} started"
+    if kind == "llm_called":
+        n = int(e.get("tool_calls") or 0)
+        tokens = (e.get("usage") or {}).get("total_tokens")
+        used = f", {tokens} tokens" if tokens else ""
+        asked = f"asked for {n} tool call{'s' if n != 1 else ''}" if n else "answered"
+        # Emitted by the commit, which already carries the step's new version.
+        return f"step {max(int(version) - 1, 1)}: the model {asked}{used}"
+    if kind == "tool_dispatched":
+        return f"{tool} running ({e.get('disposition', '')})"
+    if kind == "tool_finished":
+        state = e.get("state", "")
+        word = "done" if state == "completed" else state
+        return f"{tool} {word}{_seconds(e.get('duration_ms'))}"
+    if kind == "token_created":
+        reason = f": {printable(str(e['reason']))}" if e.get("reason") else ""
+        return f"waiting on a person for {tool}{reason}"
+    if kind == "token_completed":
+        by = f" by {printable(str(e['by']))}" if e.get("by") else ""
+        return f"outside result for call {printable(str(e.get('call_id', '')))} received{by}"
+    if kind == "token_expired":
+        return f"call {printable(str(e.get('call_id', '')))}: its deadline passed without a result"
+    if kind == "token_rejected":
+        by = f" from {printable(str(e['by']))}" if e.get("by") else ""
+        return f"a completion{by} was refused: token {printable(str(e.get('reason', '')))}"
+    if kind == "completed":
+        return "session completed"
+    if kind == "failed":
+        return f"session failed: {printable(str(e.get('message', '')))}"
+    if kind in ("paused", "resumed", "cancelled"):
+        return f"session {kind}"
+    return None
 
 
 def event_line(e: dict[str, Any]) -> str:
-    stamp = time.strftime("%H:%M:%S", time.localtime(e.get("at", 0))) + f".{int((e.get('at', 0) % 1) * 1000):03d}"
-    detail = " ".join(f"{k}={_short(v, 80)}" for k, v in e.items() if k not in _HIDDEN and v not in ("", None, {}))
-    return f"{stamp} v{e.get('version', 0)} {e.get('type')}: {_EVENT_TEXT.get(e.get('type', ''), '')} {detail}".rstrip()
+    """One line of `session logs`: the time and what happened (every event, printable)."""
+    at = float(e.get("at", 0))
+    stamp = time.strftime("%H:%M:%S", time.localtime(at)) + f".{int((at % 1) * 1000):03d}"
+    text = event_text(e)
+    if text is None:
+        detail = " ".join(f"{k}={_short(v, 80)}" for k, v in e.items() if k not in _HIDDEN and v not in ("", None, {}))
+        text = f"{printable(str(e.get('type', '')))} {detail}".rstrip()
+    return f"{stamp} v{e.get('version', 0)} {text}"
 
 
-class Progress:
-    """Event lines and a spinner on stderr while a command waits (only on a terminal)."""
-
-    def __init__(self, enabled: bool, thinking: str = "none") -> None:
-        self.enabled = enabled and sys.stderr.isatty()
-        self._status: Any = None
-
-    def __enter__(self) -> Progress:
-        if self.enabled:
-            self._status = _console(None).status("working…", spinner="dots")
-            self._status.__enter__()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._status is not None:
-            self._status.__exit__(*exc)
-
-    def __call__(self, e: dict[str, Any]) -> None:
-        if not self.enabled:
-            return
-        _console(None).print(f"[dim]{escape(event_line(e))}[/]")
-        if self._status is not None:
-            self._status.update(_EVENT_TEXT.get(e.get("type", ""), "working") + "…")
+_HIDDEN = {"id", "type", "at", "version"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import mimetypes
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -86,6 +87,15 @@ def read_media(path: str) -> Media:
     )
 
 
+def check_token_shape(token: str) -> None:
+    """A session id (or a file name) where a token belongs gets a hint, not just "unknown"."""
+    if "." not in token.strip() and re.fullmatch(r"[A-Za-z0-9_-]{1,64}", token.strip()):
+        raise InvalidInput(
+            f"{token[:80]!r} is not a token (a token is <session id>.<secret>); "
+            f"`agents session pending {token[:80]}` lists the session's tokens"
+        )
+
+
 def read_result(source: str) -> str:
     """The text of a result file, or of stdin for `-`; an empty result is refused."""
     if source == "-":
@@ -94,7 +104,14 @@ def read_result(source: str) -> str:
         try:
             raw = Path(source).read_text(encoding="utf-8")
         except FileNotFoundError:
-            raise InvalidResult(f"{source}: no such result file") from None
+            if source.lstrip().startswith(("{", "[", '"')):
+                raise InvalidResult(
+                    f"{source[:80]}: no such result file — to give JSON inline, pipe it: "
+                    f"echo '{source[:40]}' | agents session complete TOKEN -"
+                ) from None
+            raise InvalidResult(f"{source}: no such result file (give a file holding JSON or text, or -)") from None
+        except IsADirectoryError:
+            raise InvalidResult(f"{source}: is a folder, not a result file") from None
         except (OSError, UnicodeDecodeError) as exc:
             raise InvalidResult(f"{source}: cannot read it as text: {exc}") from None
     if not raw.strip():
@@ -102,8 +119,35 @@ def read_result(source: str) -> str:
     return raw
 
 
-def parse_result(raw: str) -> object:
-    """JSON text is the result as that JSON value; any other text is the result as stripped text."""
+def parse_result(raw: str, max_bytes: int, source: str = "-") -> object:
+    """JSON text is the result as that JSON value; any other text is the result as stripped text
+    (what refuses a result is `runtime.completions`, for the CLI and the stream alike). Text that
+    starts like a JSON object or list but does not parse is refused (a typo would otherwise reach
+    the model as a string): `--text` records it as text."""
+    import json
+
     from celery_agents.runtime.completions import parse_result_text
 
-    return parse_result_text(raw)
+    value = parse_result_text(raw, max_bytes)
+    if isinstance(value, str) and value.startswith(("{", "[")):
+        try:
+            json.loads(value)
+        except json.JSONDecodeError as exc:
+            where = "stdin" if source == "-" else source
+            raise InvalidResult(
+                f"{where}: line {exc.lineno} column {exc.colno}: not valid JSON: {exc.msg} "
+                "(fix it, or pass --text to record it as text)"
+            ) from None
+    return value
+
+
+_AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_age(text: str) -> float:
+    """`30d`, `12h`, `45m`, `90s`, `2w` in seconds."""
+    m = _AGE.match(text)
+    if not m:
+        raise InvalidInput(f"--older-than {text!r}: give a number and a unit, e.g. 30d, 12h, 45m or 90s")
+    return float(m.group(1)) * _UNIT_SECONDS[m.group(2)]

@@ -92,7 +92,16 @@ class RetryPolicy:
         return computed
 
 
+#: what goes as the key to an `apiBase` the agent file names without an `apiKeyEnv`: local
+#: OpenAI-compatible servers accept anything, and the SDKs refuse to run without a key
+NO_KEY = "no-key"
+
+
 def _api_key(model: str, api_base: str | None, api_key_env: str | None, slug: str) -> str | None:
+    """The key sent with a model call. Keys go only to their provider: the variable `apiKeyEnv`
+    names goes wherever the agent file points; without one, a custom `apiBase` gets a placeholder
+    and never the worker's own provider keys (litellm would otherwise send e.g. OPENAI_API_KEY to
+    any endpoint); with neither, litellm's environment defaults go to the provider's endpoint."""
     if api_key_env:
         value = os.environ.get(api_key_env)
         if not value:
@@ -103,9 +112,8 @@ def _api_key(model: str, api_base: str | None, api_key_env: str | None, slug: st
                 transient=False,
             )
         return value
-    if api_base and model.startswith("openai/") and not os.environ.get("OPENAI_API_KEY"):
-        # Local OpenAI-compatible servers accept any key; the SDK refuses to run without one.
-        return "no-key"
+    if api_base:
+        return NO_KEY
     return None
 
 
@@ -176,7 +184,7 @@ class LitellmPort:
         last = failures[-1]
         if len(failures) == 1:
             raise last
-        tried = "; ".join(f"{m}: {f.message}" for (m, _, _), f in zip(endpoints, failures, strict=True))
+        tried = "; ".join(f.message for f in failures)  # each names its model and endpoint
         raise LlmFailure(last.code, f"every model failed — {tried}", transient=any(f.transient for f in failures))
 
     def _complete_with(self, request: LlmRequest, model: str, api_base: str | None, api_key_env: str | None) -> LlmTurn:
@@ -213,7 +221,8 @@ class LitellmPort:
                 c = classify(exc)
                 if not c.transient or attempt >= self.retry.attempts:
                     suffix = f" (after {attempt} attempts)" if c.transient else ""
-                    raise LlmFailure(c.code, c.message + suffix, transient=c.transient) from exc
+                    where = f"{model} at {api_base}" if api_base else model
+                    raise LlmFailure(c.code, f"{where}: {c.message}{suffix}", transient=c.transient) from exc
                 delay = self.retry.delay(attempt, c.retry_after)
                 if self._on_retry:
                     self._on_retry(attempt, c.code, delay)

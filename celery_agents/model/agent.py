@@ -12,14 +12,36 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from celery_agents.errors import InvalidAgentFile
+from celery_agents.model.limits import UnusableJson, check_depth, load_json
+from celery_agents.model.mcp import McpServer, McpToolRef, normalise_servers
 
 DispositionTag = Literal["runSync", "runAsync", "runIsolated", "defer"]
 DISPOSITION_TAGS: tuple[str, ...] = ("runSync", "runAsync", "runIsolated", "defer")
 
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+#: model parameters that would choose the endpoint or the key behind `apiBase`/`apiKeyEnv`'s back
+_ENDPOINT_PARAMS = ("api_key", "api_base", "base_url", "apiKey", "apiBase", "baseUrl")
+
+
+def _key_variable(value: str | None) -> str | None:
+    """`apiKeyEnv` names the variable holding a provider's key, never a worker setting."""
+    if value is not None and value.upper().startswith("AGENTS_"):
+        raise ValueError(
+            f"apiKeyEnv names {value}, a setting of the worker: name the variable holding the provider's key"
+        )
+    return value
 
 
 class _Spec(BaseModel):
@@ -64,6 +86,8 @@ class Disposition(_Spec):
     backoff_seconds: float | None = Field(default=None, alias="backoffSeconds", ge=0, le=600)
     truncate: int | None = Field(default=None, gt=0)
     limits: Limits | None = None
+    #: runIsolated: whether the run keeps the network (None: the tool's `network`, cut by default)
+    network: bool | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -74,10 +98,20 @@ class Disposition(_Spec):
 
 
 class PolicyRule(_Spec):
-    """Calls of the tool named exactly `tool` get `disposition`."""
+    """Calls of the tool named `tool` get `disposition`; a `tool` ending in `*` names every tool
+    whose name starts with what comes before it (an exact rule beats such a prefix rule)."""
 
     tool: str
     disposition: Disposition
+
+    @property
+    def is_prefix(self) -> bool:
+        return self.tool.endswith("*")
+
+    def matches(self, tool_name: str) -> bool:
+        if self.is_prefix:
+            return tool_name.startswith(self.tool[:-1])
+        return tool_name == self.tool
 
 
 class ToolCallPolicy(_Spec):
@@ -103,7 +137,10 @@ class ScriptArg(_Spec):
 
 
 class ToolSpec(_Spec):
-    """One tool the model may call: exactly one of `command`, `python`, `script`, `external`.
+    """One tool the model may call: exactly one of `command`, `python`, `script`, `mcp`, `external`.
+
+    `mcp` tools are not written by hand: they are listed from the agent's `mcpServers` when the
+    file is loaded.
 
     `script` is an agents-exe style executable (`describe` / `run`); agents usually get such tools
     from a folder through `toolboxes` rather than writing them here. A `python` tool that declares
@@ -117,6 +154,8 @@ class ToolSpec(_Spec):
     python: str | None = None
     script: str | None = None
     external: bool = False
+    #: the MCP server tool this tool calls
+    mcp: McpToolRef | None = None
     #: how `run` of a `script` tool takes each argument (from its `describe`); none: JSON on stdin
     script_args: list[ScriptArg] | None = Field(default=None, alias="scriptArgs")
     #: the text answered when a `script` tool prints nothing
@@ -127,19 +166,21 @@ class ToolSpec(_Spec):
     env: list[str] = Field(default_factory=list)
     #: resource limits of this tool's runs (a disposition's `limits` override them)
     limits: Limits | None = None
-    #: an isolated run under bubblewrap keeps the network (it is cut by default)
+    #: an isolated run keeps the network (it is cut by default; a policy rule's `network` wins)
     network: bool = False
 
     @model_validator(mode="before")
     @classmethod
-    def _derive_python_schema(cls, value: Any) -> Any:
+    def _derive_python_schema(cls, value: Any, info: ValidationInfo) -> Any:
         # The model must see a python tool's parameters; without a declared schema, the
         # function's signature is the schema. An unimportable module keeps the empty one
-        # (the worker may have it when the loading process does not).
+        # (the worker may have it when the loading process does not). The module is looked up
+        # as the workers look it up: installed packages, then the agent file's folder.
         if isinstance(value, dict) and value.get("python") and "parameters" not in value:
             from celery_agents.tools.signature import describe_function
 
-            found = describe_function(str(value["python"]))
+            folder = (info.context or {}).get("base_dir")
+            found = describe_function(str(value["python"]), folder)
             if found is not None:
                 value = {**value, "parameters": found[0]}
                 if not value.get("description") and found[1]:
@@ -191,17 +232,23 @@ class ToolSpec(_Spec):
 
     @model_validator(mode="after")
     def _one_kind(self) -> ToolSpec:
-        kinds = [k for k, v in (("command", self.command), ("python", self.python), ("script", self.script)) if v]
+        kinds = [
+            k
+            for k, v in (("command", self.command), ("python", self.python), ("script", self.script), ("mcp", self.mcp))
+            if v
+        ]
         kinds += ["external"] if self.external else []
         if len(kinds) != 1:
             raise ValueError(
-                f"tool {self.name!r} needs exactly one of command, python, script or external: true "
+                f"tool {self.name!r} needs exactly one of command, python, script, mcp or external: true "
                 f"(found {', '.join(kinds) or 'none'})"
             )
         return self
 
     @property
-    def kind(self) -> Literal["command", "python", "script", "external"]:
+    def kind(self) -> Literal["command", "python", "script", "mcp", "external"]:
+        if self.mcp:
+            return "mcp"
         if self.command:
             return "command"
         if self.python:
@@ -267,6 +314,11 @@ class FallbackModel(_Spec):
             return {"model": value}
         return value
 
+    @field_validator("api_key_env")
+    @classmethod
+    def _api_key_env(cls, value: str | None) -> str | None:
+        return _key_variable(value)
+
 
 class AgentSpec(_Spec):
     """An agent file, validated. `base_dir` is the folder relative command paths resolve against.
@@ -281,6 +333,8 @@ class AgentSpec(_Spec):
     api_key_env: str | None = Field(default=None, alias="apiKeyEnv")
     system_prompt: str | list[str] | None = Field(default=None, alias="systemPrompt")
     max_steps: int = Field(default=40, alias="maxSteps", ge=1, le=100_000)
+    #: calls of one model response that run; the ones beyond are answered with an error result
+    max_tool_calls_per_turn: int = Field(default=64, alias="maxToolCallsPerTurn", ge=1, le=10_000)
     tools: list[ToolSpec] = Field(default_factory=list)
     execution_mode: Literal["synchronous", "asynchronous"] | None = Field(default=None, alias="executionMode")
     tool_call_policy: ToolCallPolicy | None = Field(default=None, alias="toolCallPolicy")
@@ -292,6 +346,16 @@ class AgentSpec(_Spec):
     toolboxes: list[Toolbox] = Field(default_factory=list)
     #: models tried in order when `model` fails (after its own retries)
     fallback_models: list[FallbackModel] = Field(default_factory=list, alias="fallbackModels")
+    #: fields of an agents-exe file that were accepted and not used (for a warning)
+    _ignored: tuple[str, ...] = PrivateAttr(default=())
+
+    @property
+    def ignored_fields(self) -> tuple[str, ...]:
+        """Fields of the file, written as paths, that agents-exe knows and celery-agents ignores."""
+        return self._ignored
+
+    #: MCP tool servers; their tools are listed into `tools` when the file is loaded
+    mcp_servers: list[McpServer] = Field(default_factory=list, alias="mcpServers")
 
     @model_validator(mode="before")
     @classmethod
@@ -308,11 +372,31 @@ class AgentSpec(_Spec):
     def _toolbox_aliases(cls, value: Any) -> Any:
         return _normalise_toolboxes(value) if isinstance(value, dict) else value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _server_map(cls, value: Any) -> Any:
+        return normalise_servers(value) if isinstance(value, dict) else value
+
     @field_validator("slug")
     @classmethod
     def _slug_shape(cls, value: str) -> str:
         if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", value):
             raise ValueError("a slug is 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
+        return value
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _api_key_env(cls, value: str | None) -> str | None:
+        return _key_variable(value)
+
+    @field_validator("model_params")
+    @classmethod
+    def _model_params(cls, value: dict[str, Any]) -> dict[str, Any]:
+        named = [k for k in _ENDPOINT_PARAMS if k in value]
+        if named:
+            raise ValueError(
+                f"modelParams may not set {', '.join(named)}: the endpoint is apiBase and the key is named by apiKeyEnv"
+            )
         return value
 
     @field_validator("model")
@@ -328,11 +412,19 @@ class AgentSpec(_Spec):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"tool names must be unique; repeated: {', '.join(dupes)}")
+        servers = [s.name for s in self.mcp_servers]
+        repeated = sorted({n for n in servers if servers.count(n) > 1})
+        if repeated:
+            raise ValueError(f"mcpServers names must be unique; repeated: {', '.join(repeated)}")
+        for tool in self.tools:
+            if tool.mcp is not None and tool.mcp.server not in servers:
+                raise ValueError(f"tool {tool.name!r} calls MCP server {tool.mcp.server!r}, which mcpServers lacks")
         if self.tool_call_policy:
             for i, rule in enumerate(self.tool_call_policy.rules):
-                if rule.tool not in names:
+                if not any(rule.matches(n) for n in names):
+                    what = "matches no tool" if rule.is_prefix else "names a tool"
                     raise ValueError(
-                        f"toolCallPolicy.rules[{i}] names tool {rule.tool!r}, which the agent does not declare "
+                        f"toolCallPolicy.rules[{i}] {what} {rule.tool!r}, which the agent does not declare "
                         f"(declared: {', '.join(names) or 'none'}); fix the name or add the tool"
                     )
         return self
@@ -349,6 +441,9 @@ class AgentSpec(_Spec):
         if isinstance(self.system_prompt, list):
             return "\n".join(self.system_prompt)
         return self.system_prompt
+
+    def mcp_server(self, name: str) -> McpServer | None:
+        return next((s for s in self.mcp_servers if s.name == name), None)
 
     def tool(self, name: str) -> ToolSpec | None:
         for t in self.tools:
@@ -436,16 +531,142 @@ def describe_validation_error(source: str, exc: ValidationError) -> str:
     return "\n".join(lines)
 
 
+# -- fields: known, unknown, and agents-exe's we do not use ------------------------------------
+#: Names a model accepts besides its fields and aliases (folded in by its "before" validators).
+_ALSO_ACCEPTED: dict[str, frozenset[str]] = {
+    # toolCallPolicyConfig, toolDirectory and bashToolboxes: the agents-exe spellings.
+    # subAgents/extraAgents, maxDepth, description, mcpServers, maxToolCallsPerTurn: fields of this
+    # release implemented in their own modules; known here so that no file using them is refused.
+    "AgentSpec": frozenset(
+        {
+            "toolCallPolicyConfig",
+            "toolDirectory",
+            "bashToolboxes",
+            "subAgents",
+            "extraAgents",
+            "maxDepth",
+            "description",
+            "mcpServers",
+            "maxToolCallsPerTurn",
+        }
+    ),
+    "PolicyRule": frozenset({"network"}),
+}
+
+#: Fields of agents-exe agent files that celery-agents does not use: accepted with a warning.
+AGENTS_EXE_FIELDS: dict[str, frozenset[str]] = {
+    "AgentSpec": frozenset(
+        {
+            "flavor",
+            "modelUrl",
+            "modelName",
+            "apiKeyId",
+            "announce",
+            "openApiToolboxes",
+            "postgrestToolboxes",
+            "builtinToolboxes",
+            "skillSources",
+            "autoEnableSkills",
+            "asyncYieldStrategy",
+            "maxConcurrency",
+            "asyncCallTimeoutSeconds",
+            "parameters",
+            "bindings",
+            "pauseCancelsCalls",
+            "resumeOnAnyMail",
+            "interruptCompletions",
+            "mailInToolResult",
+            "mailScope",
+            "interruptScope",
+            "wakeOn",
+            "fileSandboxes",
+        }
+    ),
+    "ToolCallPolicy": frozenset({"wrappers"}),
+    "Disposition": frozenset({"attachSeconds", "spec"}),
+}
+
+
+def _nested_model(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model inside a field's type (`X`, `X | None`, `list[X]`), if any."""
+    from typing import get_args
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _nested_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _fields_of(model: type[BaseModel]) -> dict[str, type[BaseModel] | None]:
+    """Every name `model` accepts in a file, with the model of its value when it has one."""
+    names: dict[str, type[BaseModel] | None] = {}
+    for name, info in model.model_fields.items():
+        nested = _nested_model(info.annotation)
+        names[name] = nested
+        if info.alias:
+            names[info.alias] = nested
+    for name in _ALSO_ACCEPTED.get(model.__name__, frozenset()):
+        names.setdefault(name, ToolCallPolicy if name == "toolCallPolicyConfig" else None)
+    return names
+
+
+def _check_fields(model: type[BaseModel], data: Any, where: str, unknown: list[str], ignored: list[str]) -> None:
+    """Walk `data` as `model` reads it: unknown names go to `unknown` (with the closest known
+    name), agents-exe names we do not use to `ignored`."""
+    import difflib
+
+    if isinstance(data, list):
+        for i, item in enumerate(data):
+            _check_fields(model, item, f"{where}[{i}]", unknown, ignored)
+        return
+    if not isinstance(data, dict):
+        return
+    known = _fields_of(model)
+    for key, value in data.items():
+        path = f"{where}.{key}" if where else str(key)
+        if key in known:
+            nested = known[key]
+            if nested is not None:
+                _check_fields(nested, value, path, unknown, ignored)
+        elif key in AGENTS_EXE_FIELDS.get(model.__name__, frozenset()):
+            ignored.append(path)
+        else:
+            public = sorted(k for k in known if not k.islower() or "_" not in k)
+            close = difflib.get_close_matches(str(key), public, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]}?" if close else f"known fields here: {', '.join(public)}"
+            unknown.append(f"{path}: unknown field ({hint})")
+
+
 def parse_agent(data: Any, source: str = "<agent>", base_dir: str | None = None) -> AgentSpec:
-    """Validate an agent given as a JSON value; raises `InvalidAgentFile`."""
+    """Validate an agent given as a JSON value; raises `InvalidAgentFile`. A field the file
+    format does not know is refused with the closest known name; a field of agents-exe files
+    that celery-agents does not use is accepted and listed in `ignored_fields`."""
     if not isinstance(data, dict):
         raise InvalidAgentFile(f"{source}: (top level): an agent file is a JSON object (give {{...}})")
+    try:
+        check_depth(data)
+    except UnusableJson as exc:
+        raise InvalidAgentFile(f"{source}: (top level): not a usable agent file: {exc}", file=source) from None
+    unknown: list[str] = []
+    ignored: list[str] = []
+    _check_fields(AgentSpec, data, "", unknown, ignored)
+    if unknown:
+        raise InvalidAgentFile("\n".join(f"{source}: {line}" for line in unknown), file=source)
     if base_dir and "baseDir" not in data:
         data = {**data, "baseDir": base_dir}
     if any(k in data for k in ("toolboxes", "toolDirectory", "bashToolboxes")):
         data = _with_toolbox_tools(data, source)
+    if data.get("mcpServers"):
+        from celery_agents.tools.mcp.listing import with_mcp_tools
+
+        data = with_mcp_tools(data, source)
     try:
-        return AgentSpec.model_validate(data)
+        spec = AgentSpec.model_validate(data, context={"base_dir": data.get("baseDir")})
+        spec._ignored = tuple(ignored)
+        return spec
     except ValidationError as exc:
         message = describe_validation_error(source, exc)
         if "toolCallPolicyConfig" in data:
@@ -489,10 +710,12 @@ def load_agent_file(path: str | Path) -> AgentSpec:
     except (OSError, UnicodeDecodeError) as exc:
         raise InvalidAgentFile(f"{p}: cannot read it: {exc}", file=str(p)) from None
     try:
-        data = json.loads(raw)
+        data = load_json(raw)
     except json.JSONDecodeError as exc:
         raise InvalidAgentFile(
             f"{p}: line {exc.lineno} column {exc.colno}: not valid JSON: {exc.msg} (fix the JSON syntax)",
             file=str(p),
         ) from None
+    except UnusableJson as exc:
+        raise InvalidAgentFile(f"{p}: (top level): not a usable agent file: {exc}", file=str(p)) from None
     return parse_agent(data, str(p), base_dir=str(p.resolve().parent))

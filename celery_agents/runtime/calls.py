@@ -13,6 +13,7 @@ from celery_agents.runtime.lease import LeaseKeeper
 from celery_agents.scheduler.ports import ToolPort
 from celery_agents.store import Finished, Store, outcome_json
 from celery_agents.tools.cancel import cancellable
+from celery_agents.tools.output import bound_outcome
 
 
 @dataclass
@@ -53,6 +54,7 @@ def run_call(store: Store, session_id: str, field: str, tools: ToolPort, owner: 
 
         with LeaseKeeper(store, lease_key, owner, still_wanted=still_wanted) as keeper, cancellable(keeper.cancel):
             outcome = tools.run(agent, session_id, call.model_copy(update={"started_at": started}))
+        outcome = bound_outcome(outcome, store.settings.max_result_bytes)
         state = CallState.COMPLETED if outcome.state == "completed" else CallState.FAILED
         meta = dict(outcome.meta)
         if outcome.media:
@@ -69,7 +71,10 @@ def run_call(store: Store, session_id: str, field: str, tools: ToolPort, owner: 
             started_at=started,
         )
         finished = store.record_result(
-            session_id, field, body, {"call_id": call.call_id, "tool": call.tool, "state": state.value}
+            session_id,
+            field,
+            body,
+            {"call_id": call.call_id, "tool": call.tool, "state": state.value, "duration_ms": outcome.duration_ms},
         )
         return CallRun(status=finished.status, finished=finished, call=call)
     finally:

@@ -21,6 +21,7 @@ import redis
 
 from celery_agents.errors import AgentsError, InvalidEntry, InvalidResult, TokenExpired
 from celery_agents.model import CompletionOutcome
+from celery_agents.model.limits import UnusableJson, check_depth, load_json
 from celery_agents.runtime.faults import checkpoint
 from celery_agents.store import COMPLETIONS_GROUP, CompletionStream, Store, completion_json
 
@@ -30,34 +31,37 @@ GROUP = COMPLETIONS_GROUP
 Wake = Callable[[str, int], None]
 
 
-#: results nested deeper are refused: the scripts' JSON (Lua cjson) stops at 1000 levels and
-#: Python's parser near it; no tool result needs this many
-MAX_RESULT_DEPTH = 100
-
-
-def parse_result_text(raw: str) -> Any:
+def parse_result_text(raw: str, max_bytes: int) -> Any:
     """JSON text is the result as that JSON value; any other text is the result as stripped text.
-    JSON that cannot be kept as it is (a number too long for Python, nesting deeper than
-    `MAX_RESULT_DEPTH`) is refused rather than turned into text."""
+    Text over `max_bytes`, or JSON too deep or with too long a number, is refused (`InvalidResult`)."""
+    check_result_bytes(len(raw.encode(errors="surrogatepass")), max_bytes)
     try:
-        value = json.loads(raw)
+        return load_json(raw)
     except json.JSONDecodeError:
         return raw.strip()
-    except (ValueError, RecursionError) as exc:  # ValueError: an integer beyond 4300 digits
-        raise InvalidResult(f"the result is JSON that cannot be kept: {str(exc)[:200] or type(exc).__name__}") from None
-    if _depth(value) > MAX_RESULT_DEPTH:
-        raise InvalidResult(f"the result is JSON nested deeper than {MAX_RESULT_DEPTH} levels")
-    return value
+    except UnusableJson as exc:
+        raise InvalidResult(f"the result is JSON celery-agents cannot use: {exc}") from None
 
 
-def _depth(value: Any) -> int:
-    deepest, level = 0, [(value, 1)]
-    while level:
-        item, d = level.pop()
-        if isinstance(item, dict | list):
-            deepest = max(deepest, d)
-            level.extend((child, d + 1) for child in (item.values() if isinstance(item, dict) else item))
-    return deepest
+def check_result_bytes(size: int, max_bytes: int) -> None:
+    """The one rule on a result's size (CLI, API and the completions stream)."""
+    if size > max_bytes:
+        raise InvalidResult(
+            f"the result is {size} bytes, more than the limit of {max_bytes} (AGENTS_MAX_RESULT_BYTES); "
+            "store large results elsewhere and complete the call with a reference to them"
+        )
+
+
+def check_result(result: Any, max_bytes: int) -> None:
+    """Refuse a result value that is empty, too deep or too big, before anything is recorded."""
+    if result is None or (isinstance(result, str) and not result.strip()):
+        raise InvalidResult("the result is empty: give the tool's result as JSON or text")
+    try:
+        check_depth(result)
+    except UnusableJson as exc:
+        raise InvalidResult(f"the result is JSON celery-agents cannot use: {exc}") from None
+    text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False)
+    check_result_bytes(len(text.encode(errors="surrogatepass")), max_bytes)
 
 
 def complete(
@@ -72,8 +76,7 @@ def complete(
 ) -> CompletionOutcome:
     """Complete a deferred call; wakes the session through `wake(session_id, version)` when its last
     unfinished call is done and it is auto-driven. Raises the token's conflict otherwise."""
-    if result is None or (isinstance(result, str) and not result.strip()):
-        raise InvalidResult("the result is empty: give the tool's result as JSON or text")
+    check_result(result, store.settings.max_result_bytes)
     now = time.time() if now is None else now
     outcome = completion_json(result, is_error=is_error, by=by, now=now)
     try:
@@ -132,7 +135,7 @@ class CompletionConsumer:
         try:
             fields = decode_entry(raw_fields)
             token, by = (fields.get("token") or "").strip(), fields.get("by") or ""
-            result, is_error = _result(fields), bool(fields.get("error"))
+            result, is_error = _result(fields, store.settings.max_result_bytes), bool(fields.get("error"))
             done = complete(store, token, result, is_error=is_error, by=by or None, wake=self.wake)
         except AgentsError as exc:
             self._reject(entry_id, token, by, exc.code, exc.message)
@@ -160,14 +163,14 @@ def decode_entry(raw_fields: dict[bytes, bytes]) -> dict[str, str]:
     return fields
 
 
-def _result(fields: dict[str, str]) -> Any:
+def _result(fields: dict[str, str], max_bytes: int) -> Any:
     if not fields.get("token", "").strip():
         raise InvalidResult("the entry has no token field")
     if fields.get("error"):
         return fields["error"]
     if fields.get("result") is None:
         raise InvalidResult("the entry has no result field")
-    return parse_result_text(fields["result"])
+    return parse_result_text(fields["result"], max_bytes)
 
 
 def _shown(raw: bytes) -> str:

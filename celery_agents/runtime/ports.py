@@ -2,6 +2,8 @@
 
 A step's model response and each inline tool result are written to the session's journal as soon
 as they exist; a redelivered copy of the step finds them there and does not call or run again.
+A step that lost its lease (its worker was frozen and another took over) calls and runs nothing
+more: the fence is read before each call, and the journal script refuses its writes.
 """
 
 from __future__ import annotations
@@ -9,12 +11,14 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from dataclasses import asdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 
 from celery_agents.model import AgentSpec, LlmTurn, Media, TrackedCall
 from celery_agents.runtime.faults import checkpoint
 from celery_agents.scheduler.ports import CallOutcome, LlmPort, LlmRequest, ToolPort
-from celery_agents.store import Store, new_token
+from celery_agents.store import LeaseLost, Store, new_token
+from celery_agents.tools.output import bound_outcome
 
 
 class SystemClock:
@@ -30,11 +34,25 @@ class SecureIds:
         return f"call_{secrets.token_hex(8)}"
 
 
+@dataclass(frozen=True)
+class Fence:
+    """Who runs a step, at which version, and whether its lease renewal has failed since."""
+
+    owner: str
+    version: int
+    lost: Callable[[], bool] = lambda: False
+
+    def check(self, session_id: str) -> None:
+        """Raise `LeaseLost` before starting costly work the step no longer owns."""
+        if self.lost():
+            raise LeaseLost(f"the step of session {session_id} at version {self.version} lost its lease")
+
+
 class JournaledLlm:
     """Reuses the journaled response of this (session, version); journals a fresh one at once."""
 
-    def __init__(self, store: Store, journal: dict[str, str], inner: LlmPort) -> None:
-        self.store, self.journal, self.inner = store, journal, inner
+    def __init__(self, store: Store, journal: dict[str, str], inner: LlmPort, fence: Fence) -> None:
+        self.store, self.journal, self.inner, self.fence = store, journal, inner, fence
         self.reused = False
 
     def complete(self, request: LlmRequest) -> LlmTurn:
@@ -43,8 +61,11 @@ class JournaledLlm:
         if raw is not None:
             self.reused = True
             return LlmTurn.model_validate_json(raw)
+        self.fence.check(request.session_id)
         turn = self.inner.complete(request)
-        raw = self.store.journal_put(request.session_id, field, turn.model_dump_json())
+        raw = self.store.journal_put(
+            request.session_id, field, turn.model_dump_json(), self.fence.owner, self.fence.version
+        )
         checkpoint("after_llm_journal", self.store, request.session_id)
         return LlmTurn.model_validate_json(raw)
 
@@ -64,13 +85,16 @@ def outcome_from_json(raw: str) -> CallOutcome:
 class JournaledTools:
     """Reuses a journaled inline result of this call; journals a fresh one at once."""
 
-    def __init__(self, store: Store, journal: dict[str, str], inner: ToolPort) -> None:
-        self.store, self.journal, self.inner = store, journal, inner
+    def __init__(self, store: Store, journal: dict[str, str], inner: ToolPort, fence: Fence) -> None:
+        self.store, self.journal, self.inner, self.fence = store, journal, inner, fence
 
     def run(self, agent: AgentSpec, session_id: str, call: TrackedCall) -> CallOutcome:
         field = f"tool:{call.field}"
         raw = self.journal.get(field)
         if raw is None:
-            outcome = self.inner.run(agent, session_id, call)
-            raw = self.store.journal_put(session_id, field, outcome_to_json(outcome))
+            self.fence.check(session_id)
+            outcome = bound_outcome(self.inner.run(agent, session_id, call), self.store.settings.max_result_bytes)
+            raw = self.store.journal_put(
+                session_id, field, outcome_to_json(outcome), self.fence.owner, self.fence.version
+            )
         return outcome_from_json(raw)

@@ -15,10 +15,10 @@ import redis
 from celery_agents.errors import RedisUnavailable
 from celery_agents.model import ErrorInfo, SessionHeader, State, TrackedCall
 from celery_agents.runtime.lease import LeaseKeeper
-from celery_agents.runtime.ports import JournaledLlm, JournaledTools, SecureIds, SystemClock
+from celery_agents.runtime.ports import Fence, JournaledLlm, JournaledTools, SecureIds, SystemClock
 from celery_agents.scheduler import Ports, Snapshot, Transition, advance
 from celery_agents.scheduler.ports import Clock, Ids, LlmPort, ToolPort
-from celery_agents.store import Loaded, Store
+from celery_agents.store import LeaseLost, Loaded, Store
 
 log = logging.getLogger("celery_agents.step")
 
@@ -55,17 +55,23 @@ def run_step(
     assert isinstance(loaded, Loaded)
     header = loaded.header
     try:
-        with LeaseKeeper(store, store.keys.lease(session_id), owner):
+        with LeaseKeeper(store, store.keys.lease(session_id), owner) as keeper:
             agent = store.agent(header.agent_hash)
-            journaled_llm = JournaledLlm(store, loaded.journal, llm)
+            fence = Fence(owner, header.version, lambda: keeper.lost)
+            journaled_llm = JournaledLlm(store, loaded.journal, llm, fence)
             ports = Ports(
                 llm=journaled_llm,
-                tools=JournaledTools(store, loaded.journal, tools),
+                tools=JournaledTools(store, loaded.journal, tools, fence),
                 clock=clock or SystemClock(),
                 ids=ids or SecureIds(),
             )
             snap = Snapshot(header=header, agent=agent, turns=loaded.turns, calls=loaded.calls)
             t = advance(snap, ports)
+    except LeaseLost as exc:
+        # Frozen or cut off long enough for another worker to take over: that worker owns the
+        # step now; this one starts nothing more and leaves the session alone.
+        log.warning("%s: it starts and writes nothing more", exc)
+        return StepResult(outcome="lost", version=version)
     except (RedisUnavailable, redis.ConnectionError, redis.TimeoutError):
         # Infrastructure, not the session: leave it owed so that it is tried again.
         _safe_end(store, session_id, owner, request, "error", keep_owed=True)

@@ -14,6 +14,7 @@ Pure: everything outside (model, tools, ids, clock) comes through `Ports`, and t
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -192,17 +193,22 @@ def _call_model(snap: Snapshot, ports: Ports, folded: UserTurn | None) -> Transi
     )
 
 
+#: a call id the model sends is kept when it looks like this (what providers make, and what may go
+#: into a tool's environment); any other gets a fresh id, used in the transcript from then on
+_CALL_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+
+
 def _normalise_call_ids(turn: LlmTurn, ports: Ports) -> LlmTurn:
-    """Every call gets a non-empty id unique within the turn (some models repeat or omit them)."""
+    """Every call gets a usable id unique within the turn (some models repeat, omit or mangle them)."""
     seen: set[str] = set()
     fixed: list[ToolCall] = []
     changed = False
     for c in turn.tool_calls:
-        cid = c.id or ports.ids.call_id()
+        cid = c.id if _CALL_ID.match(c.id) else ports.ids.call_id()
         suffix = len(seen)
         while cid in seen:
             suffix += 1
-            cid = f"{c.id or 'call'}_{suffix}"
+            cid = f"{c.id if _CALL_ID.match(c.id) else 'call'}_{suffix}"
         if cid != c.id:
             changed = True
         seen.add(cid)
@@ -243,7 +249,9 @@ def _run_tools(snap: Snapshot, turn: LlmTurn, ports: Ports) -> Transition:
             created_at=now,
         )
         tool = agent.tool(tc.name)
-        if tool is None:
+        if position >= agent.max_tool_calls_per_turn:
+            call = _finish(call, CallOutcome(state="failed", attempts=0, error=_too_many(turn, agent)), now)
+        elif tool is None:
             names = ", ".join(t.name for t in agent.tools) or "none"
             call = _finish(
                 call,
@@ -279,7 +287,15 @@ def _run_tools(snap: Snapshot, turn: LlmTurn, ports: Ports) -> Transition:
             outcome = ports.tools.run(agent, h.session_id, call.model_copy(update={"started_at": started}))
             calls[i] = _finish(call.model_copy(update={"started_at": started}), outcome, ports.clock.now())
             events.append(
-                Event("tool_finished", {"call_id": call.call_id, "tool": call.tool, "state": calls[i].state.value})
+                Event(
+                    "tool_finished",
+                    {
+                        "call_id": call.call_id,
+                        "tool": call.tool,
+                        "state": calls[i].state.value,
+                        "duration_ms": calls[i].duration_ms,
+                    },
+                )
             )
     dispatch = [c for c in calls if c.state == CallState.RUNNING]
     if all(c.state.final for c in calls):
@@ -293,6 +309,14 @@ def _run_tools(snap: Snapshot, turn: LlmTurn, ports: Ports) -> Transition:
         )
     return Transition(
         kind="tools", calls=calls, dispatch=dispatch, head="PartialUserTurn", state=State.WAITING, events=events
+    )
+
+
+def _too_many(turn: LlmTurn, agent: AgentSpec) -> str:
+    limit = agent.max_tool_calls_per_turn
+    return (
+        f"not run: the response asked for {len(turn.tool_calls)} tool calls and only the first {limit} run "
+        f"(maxToolCallsPerTurn of the agent); ask again for this one if it is still needed"
     )
 
 

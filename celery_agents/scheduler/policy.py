@@ -8,7 +8,8 @@ _RUN_SYNC = Disposition(tag="runSync")
 
 
 def disposition_for(agent: AgentSpec, tool_name: str) -> Disposition:
-    """`default` unless a rule names the tool exactly (first match wins).
+    """`default` unless a rule names the tool: the first rule naming it exactly, else the first
+    prefix rule (`"mcp__files__*"`) matching it.
 
     External tools have no implementation, so they are always deferred. In synchronous mode every
     other call runs inline, keeping the rule's decorators (timeout, retries, truncate).
@@ -16,11 +17,10 @@ def disposition_for(agent: AgentSpec, tool_name: str) -> Disposition:
     policy = agent.tool_call_policy
     chosen = _RUN_SYNC
     if policy is not None:
-        chosen = policy.default
-        for rule in policy.rules:
-            if rule.tool == tool_name:
-                chosen = rule.disposition
-                break
+        exact = (r for r in policy.rules if not r.is_prefix and r.matches(tool_name))
+        prefix = (r for r in policy.rules if r.is_prefix and r.matches(tool_name))
+        rule = next(exact, None) or next(prefix, None)
+        chosen = rule.disposition if rule is not None else policy.default
     tool = agent.tool(tool_name)
     if tool is not None and tool.external:
         if chosen.tag == "defer":

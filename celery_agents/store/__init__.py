@@ -5,9 +5,10 @@ Nothing here knows about Celery or the model.
 
 from celery_agents.store.connection import broker_url, client_for_url
 from celery_agents.store.embedded import EmbeddedRedis
-from celery_agents.store.keys import Keys
+from celery_agents.store.keys import FINISHED_STATES, Keys
 from celery_agents.store.store import (
     Finished,
+    LeaseLost,
     Loaded,
     Store,
     check_session_id,
@@ -21,11 +22,13 @@ from celery_agents.store.stream import COMPLETIONS_GROUP, CompletionStream, Grou
 
 __all__ = [
     "COMPLETIONS_GROUP",
+    "FINISHED_STATES",
     "CompletionStream",
     "EmbeddedRedis",
     "Finished",
     "GroupState",
     "Keys",
+    "LeaseLost",
     "Loaded",
     "RawEntry",
     "Store",

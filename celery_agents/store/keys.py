@@ -8,6 +8,8 @@ from __future__ import annotations
 
 SESSION_KEY_NAMES = ("meta", "turns", "calls", "results", "pending", "journal", "events", "lease")
 STORED_STATES = ("ready", "tools", "waiting", "completed", "failed", "cancelled")
+#: the states of a session that no longer runs: the ones `delete` and `purge` take
+FINISHED_STATES = ("completed", "failed", "cancelled")
 GLOBAL_KEY_NAMES = (
     "sessions",
     "pending_all",
@@ -72,8 +74,19 @@ class Keys:
         """Hash: one continuation token."""
         return self.session(sid, f"tok:{secret}")
 
+    def request(self, sid: str, request_id: str) -> str:
+        """String, kept minutes: the reply of a script call (`store/lua/_lib.lua` `once`), so that a
+        call retried after its reply was lost gets the first outcome instead of running again."""
+        return self.session(sid, f"req:{request_id}")
+
     def session_keys(self, sid: str) -> list[str]:
         return [self.session(sid, n) for n in SESSION_KEY_NAMES]
+
+    def every_session_key(self, sid: str, fields: list[str], secrets: list[str]) -> list[str]:
+        """Every key a session may own, given its call fields and its tokens' secrets: what
+        deleting it removes. A key added per session above belongs here too."""
+        per_call = [k for f in fields for k in (self.call_lease(sid, f), self.call_started(sid, f))]
+        return [*self.session_keys(sid), *per_call, *(self.token(sid, s) for s in secrets)]
 
     # -- shared -------------------------------------------------------------------------------
     @property
@@ -106,13 +119,20 @@ class Keys:
         they were last dispatched or seen running (ms)."""
         return f"{self.prefix}:dispatched"
 
+    @property
+    def ids(self) -> str:
+        """Sorted set, every score 0: session ids in lexicographic order, so that a prefix of an
+        id is found with ZRANGEBYLEX (no scan). Kept by create_session, cleaned by delete_session."""
+        return f"{self.prefix}:ids"
+
     def global_keys(self) -> list[str]:
         return [self.sessions, self.pending_all, self.deadlines, self.owed, self.dispatched] + [
             self.state_index(s) for s in STORED_STATES
         ]
 
-    def script_keys(self, sid: str, *extra: str) -> list[str]:
-        return [*self.session_keys(sid), *self.global_keys(), *extra]
+    def script_keys(self, sid: str, request_id: str, *extra: str) -> list[str]:
+        """A session script's keys: the session's, the shared ones, the call's request key, extras."""
+        return [*self.session_keys(sid), *self.global_keys(), self.request(sid, request_id), *extra]
 
     def agent(self, content_hash: str) -> str:
         """String: an agent spec (canonical JSON), stored once per content hash."""

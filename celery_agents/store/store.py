@@ -23,6 +23,7 @@ from redis.lock import Lock
 from celery_agents.config import Settings
 from celery_agents.errors import (
     TOKEN_ERRORS,
+    InvalidInput,
     RedisUnavailable,
     SessionNotAdvanceable,
     UnknownSession,
@@ -46,6 +47,9 @@ from celery_agents.model import (
 )
 from celery_agents.store.keys import Keys
 from celery_agents.store.scripts import Scripts
+
+#: A step's journal outlives any step that could still reuse it (redelivery comes within hours).
+JOURNAL_TTL_S = 86400
 
 _SID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _SECRET = re.compile(r"^[A-Za-z0-9_-]{16,128}$")
@@ -77,6 +81,11 @@ def check_session_id(session_id: str) -> str:
     if not _SID.match(session_id):
         raise UnknownSession(f"unknown session {session_id[:80]!r}", session_id=session_id)
     return session_id
+
+
+class LeaseLost(Exception):
+    """A step's session lease is held by another worker, or the session moved past the step's
+    version: the step must start nothing more and write nothing (fencing)."""
 
 
 @dataclass
@@ -235,13 +244,11 @@ class Store:
         pipe: Any = None,
     ) -> Any:
         now = time.time() if now is None else now
+        # One id per call: the client's retries after a lost reply resend it, and the script
+        # answers them with the first reply (`once` in store/lua/_lib.lua).
+        keys = self.keys.script_keys(sid, uuid.uuid4().hex, *extra_keys)
         try:
-            return self.scripts.run(
-                name,
-                self.keys.script_keys(sid, *extra_keys),
-                [repr(now), self.settings.events_maxlen, sid, *args],
-                client=pipe,
-            )
+            return self.scripts.run(name, keys, [repr(now), self.settings.events_maxlen, sid, *args], client=pipe)
         except redis.ConnectionError as exc:
             raise RedisUnavailable(f"cannot reach Redis: {exc}") from exc
 
@@ -298,7 +305,7 @@ class Store:
                 agent.to_json(),
                 "1" if owe else "0",
             ],
-            extra_keys=(self.keys.agent(content_hash),),
+            extra_keys=(self.keys.agent(content_hash), self.keys.ids),
             now=now,
         )
         if res[0] != "ok":
@@ -315,6 +322,113 @@ class Store:
         if not data:
             raise UnknownSession(f"unknown session {session_id!r}", session_id=session_id)
         return header_from_hash(data)
+
+    def resolve(self, session_id: str) -> str:
+        """The whole id of the one session whose id starts with `session_id` (an exact id wins);
+        one ZRANGEBYLEX on the id index, never a scan."""
+        text = session_id.strip()
+        if not _SID.match(text):
+            raise UnknownSession(f"unknown session {text[:80]!r}", session_id=text)
+        found = self._ids_from(text)
+        if not found and self._index_ids():
+            found = self._ids_from(text)
+        if text in found:
+            return text
+        if len(found) == 1:
+            return found[0]
+        if not found:
+            raise UnknownSession(f"unknown session {text!r}: no session id starts with it", session_id=text)
+        raise InvalidInput(
+            f"session id prefix {text!r} is ambiguous: it starts {', '.join(found[:3])}"
+            f"{' and more' if len(found) > 3 else ''} (give more characters)"
+        )
+
+    def _ids_from(self, prefix: str) -> list[str]:
+        # '~' sorts after every character a session id may hold.
+        return cast("list[str]", self.client.zrangebylex(self.keys.ids, f"[{prefix}", f"({prefix}~", start=0, num=4))
+
+    def _index_ids(self) -> bool:
+        """Sessions made before the id index existed join it (once: afterwards both counts match)."""
+        if int(self.client.zcard(self.keys.ids)) >= int(self.client.zcard(self.keys.sessions)):
+            return False
+        ids = cast("list[str]", self.client.zrange(self.keys.sessions, 0, -1))
+        for i in range(0, len(ids), 1000):
+            self.client.zadd(self.keys.ids, dict.fromkeys(ids[i : i + 1000], 0))
+        return True
+
+    def delete_session(self, session_id: str, *, force: bool = False) -> int:
+        """Delete a session that is not active (or any, with `force`, once it was cancelled):
+        every key it owns and its entries in the shared indexes, atomically. Returns how many
+        keys went; raises when a step or call of it is still running."""
+        for _ in range(5):
+            calls = cast("dict[str, str]", self.client.hgetall(self.keys.calls(session_id)))
+            secrets = [parse_token(t)[1] for t in (json.loads(c).get("token") for c in calls.values()) if t]
+            keys = self.keys.every_session_key(session_id, list(calls), secrets)
+            res = self._run("delete_session", session_id, [len(calls), "1" if force else "0"], (self.keys.ids, *keys))
+            if res[0] == "ok":
+                return int(res[1])
+            if res[0] == "missing":
+                raise UnknownSession(f"unknown session {session_id!r}", session_id=session_id)
+            if res[0] == "active":
+                raise SessionNotAdvanceable(
+                    f"session {session_id} is still active ({res[1]}): cancel it first "
+                    f"(agents session cancel {session_id}) or delete with --force",
+                    session_id=session_id,
+                    status="active",
+                )
+            if res[0] == "busy":
+                raise SessionNotAdvanceable(
+                    f"session {session_id} has a step or call running; delete it when that ends",
+                    session_id=session_id,
+                    status="running",
+                )
+        raise SessionNotAdvanceable(f"session {session_id} keeps changing; try again", session_id=session_id)
+
+    def purge(self, states: list[str], cutoff: float, limit: int | None = None) -> list[str]:
+        """Delete sessions in `states` last updated before `cutoff` (seconds, Redis's clock),
+        oldest first, at most `limit`; a session that changed meanwhile (resumed, running) is
+        left alone. Returns the ids deleted."""
+        deleted: list[str] = []
+        while limit is None or len(deleted) < limit:
+            want = 200 if limit is None else min(200, limit - len(deleted))
+            batch = self.finished_before(states, cutoff, want)
+            done = [sid for sid in batch if self._delete_if_idle(sid)]
+            deleted += done
+            if len(batch) < want or not done:
+                break
+        return deleted
+
+    def _delete_if_idle(self, session_id: str) -> bool:
+        try:
+            self.delete_session(session_id)
+        except (SessionNotAdvanceable, UnknownSession):
+            return False
+        return True
+
+    def finished_before(self, states: list[str], cutoff: float, limit: int) -> list[str]:
+        """Ids of sessions in `states` last updated before `cutoff` (seconds), oldest first."""
+        pipe = self.client.pipeline(transaction=False)
+        for st in states:
+            pipe.zrangebyscore(
+                self.keys.state_index(st), "-inf", f"({int(cutoff * 1000)}", start=0, num=limit, withscores=True
+            )
+        rows = [row for chunk in pipe.execute() for row in chunk]
+        return [sid for sid, _ in sorted(rows, key=lambda r: r[1])[:limit]]
+
+    def server_time(self) -> float:
+        """Redis's clock (seconds): durable cutoffs are measured against it, not a host's clock."""
+        sec, usec = self.client.time()
+        return sec + usec / 1_000_000
+
+    def memory_per_session(self, sample: int = 20) -> tuple[int, int]:
+        """(sessions sampled, their bytes in Redis) over the most recently updated sessions."""
+        ids = cast("list[str]", self.client.zrevrange(self.keys.sessions, 0, sample - 1))
+        pipe = self.client.pipeline(transaction=False)
+        for sid in ids:
+            for key in self.keys.session_keys(sid):
+                pipe.memory_usage(key)
+        sizes = pipe.execute()
+        return len(ids), sum(int(x or 0) for x in sizes)
 
     def lease_holder(self, session_id: str) -> str | None:
         return cast("str | None", self.client.get(self.keys.lease(session_id)))
@@ -457,9 +571,18 @@ class Store:
     def journal_get(self, session_id: str, field: str) -> str | None:
         return cast("str | None", self.client.hget(self.keys.journal(session_id), field))
 
-    def journal_put(self, session_id: str, field: str, value: str) -> str:
-        """Record work done in this step; returns the first recorded value (which wins)."""
-        return str(self.scripts.run("journal_put", [self.keys.journal(session_id)], [field, value]))
+    def journal_put(self, session_id: str, field: str, value: str, owner: str, version: int) -> str:
+        """Record work done in this step; returns the first recorded value (which wins). Raises
+        `LeaseLost` when the step at `version`, run by `owner`, was taken over or overtaken."""
+        k = self.keys
+        res = self.scripts.run(
+            "journal_put",
+            [k.journal(session_id), k.lease(session_id), k.meta(session_id)],
+            [field, value, owner, version, JOURNAL_TTL_S],
+        )
+        if res[0] != "ok":
+            raise LeaseLost(f"the step of session {session_id} at version {version} lost its lease ({res[1]})")
+        return str(res[1])
 
     # -- calls and tokens --------------------------------------------------------------------
     def record_result(self, session_id: str, field: str, outcome: str, event: dict[str, Any]) -> Finished:

@@ -12,4 +12,4 @@ settings = Settings.from_env()
 app = make_app(settings)
 
 # Registering the tasks and signal handlers needs `app` defined above.
-from celery_agents.tasks import calls, services, step  # noqa: E402,F401
+from celery_agents.tasks import calls, mcp_servers, services, step  # noqa: E402,F401

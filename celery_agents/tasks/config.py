@@ -72,7 +72,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     }
 
 
-def worker_argv(queues: list[str], concurrency: int, loglevel: str = "INFO", name: str | None = None) -> list[str]:
+def worker_argv(
+    queues: list[str], concurrency: int, loglevel: str = "INFO", name: str | None = None, pool: str = "prefork"
+) -> list[str]:
     """`celery worker` arguments the way celery-agents runs its workers (and the bench its yardstick)."""
     argv = [
         "worker",
@@ -81,7 +83,7 @@ def worker_argv(queues: list[str], concurrency: int, loglevel: str = "INFO", nam
         "-c",
         str(concurrency),
         "-P",
-        "prefork",
+        pool,
         "--without-gossip",
         "--without-mingle",
         "-l",

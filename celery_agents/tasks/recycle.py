@@ -1,15 +1,20 @@
-"""Replacing a pool process that a python tool call has outrun.
+"""Replacing a worker process that a python tool call has outrun.
 
 A python tool run inside the worker (runSync, runAsync) that goes past its timeout is reported as
-timed out, but its thread cannot be killed: it would go on spending CPU and memory in that pool
-process for as long as the process lives. Once the task that ran it has recorded its outcome, the
-process leaves (a `SystemExit` raised by the task itself: billiard reports the task's result, then
-exits the process) and the pool starts a fresh one.
+timed out, but its thread cannot be killed: it would go on spending CPU and memory in that process
+for as long as the process lives. Once the task that ran it has recorded its outcome:
+- a prefork pool process leaves (a `SystemExit` raised by the task itself: billiard reports the
+  task's result, then exits the process) and the pool starts a fresh one;
+- a threads-pool worker run by `agents worker` (tasks/supervisor.py) shuts itself down warm (the
+  other steps in flight finish and commit) and the supervisor starts a fresh one;
+- any other worker (a threads or solo pool started by hand) can only warn.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
 from typing import Any
 
 from celery.signals import worker_process_init
@@ -18,13 +23,18 @@ from celery_agents.tools.python_call import overrunning_calls
 
 log = logging.getLogger(__name__)
 
-_pool_process = {"yes": False, "warned": False}
+_process = {"pool_process": False, "supervised": False, "warned": False, "leaving": False}
 
 
 @worker_process_init.connect  # type: ignore[untyped-decorator]  # Celery is untyped
 def _in_pool_process(**_: Any) -> None:
-    # Sent in prefork pool processes only: elsewhere (solo, threads) nothing would replace us.
-    _pool_process["yes"] = True
+    # Sent in prefork pool processes only: elsewhere (solo, threads) no pool replaces us.
+    _process["pool_process"] = True
+
+
+def mark_supervised() -> None:
+    """This worker runs under `agents worker`, which starts another when it exits."""
+    _process["supervised"] = True
 
 
 def leave_if_outrun() -> None:
@@ -33,10 +43,19 @@ def leave_if_outrun() -> None:
     if not tools:
         return
     names = ", ".join(sorted(set(tools)))
-    if not _pool_process["yes"]:
-        if not _pool_process["warned"]:
-            _pool_process["warned"] = True
-            log.warning("python tool call(s) %s still running past their timeout (not a prefork pool: kept)", names)
+    if _process["pool_process"]:
+        log.warning("python tool call(s) %s still running past their timeout: this pool process is replaced", names)
+        raise SystemExit(0)
+    if _process["supervised"]:
+        if not _process["leaving"]:
+            _process["leaving"] = True
+            log.warning(
+                "python tool call(s) %s still running past their timeout: this worker finishes its steps in "
+                "flight, then leaves, and the supervisor starts a fresh one",
+                names,
+            )
+            os.kill(os.getpid(), signal.SIGTERM)  # Celery's warm shutdown
         return
-    log.warning("python tool call(s) %s still running past their timeout: this pool process is replaced", names)
-    raise SystemExit(0)
+    if not _process["warned"]:
+        _process["warned"] = True
+        log.warning("python tool call(s) %s still running past their timeout (not a prefork pool: kept)", names)

@@ -12,6 +12,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any, cast
 
 from celery.signals import worker_init, worker_ready, worker_shutdown
@@ -22,11 +23,12 @@ from celery_agents.config import Settings
 from celery_agents.errors import RedisUnavailable
 from celery_agents.model import TrackedCall, build_schemas
 from celery_agents.runtime.completions import CompletionConsumer
-from celery_agents.store import EmbeddedRedis, Store
+from celery_agents.store import FINISHED_STATES, EmbeddedRedis, Store
 from celery_agents.tasks.celery_app import app, settings
 from celery_agents.tasks.config import Dispatcher
 from celery_agents.tasks.context import worker_context
 from celery_agents.tasks.queues import QueueHead, QueueProbe
+from celery_agents.tasks.recycle import mark_supervised
 
 log = logging.getLogger("celery_agents.services")
 
@@ -106,6 +108,19 @@ def sweep_once(
     return counts
 
 
+#: Sessions deleted per sweep at most under AGENTS_RETENTION_DAYS: a backlog drains over many
+#: sweeps instead of holding Redis in one long burst.
+PURGE_PER_SWEEP = 5
+
+
+def purge_expired(store: Store, settings: Settings) -> int:
+    """Delete a few finished sessions older than the retention (off unless AGENTS_RETENTION_DAYS)."""
+    if settings.retention_days is None:
+        return 0
+    cutoff = store.server_time() - settings.retention_days * 86400
+    return len(store.purge(list(FINISHED_STATES), cutoff, PURGE_PER_SWEEP))
+
+
 class WorkerServices:
     def __init__(self, settings: Settings, name: str, queues: list[str]) -> None:
         self.settings = settings
@@ -115,6 +130,10 @@ class WorkerServices:
         self._sandbox_info: dict[str, Any] | None = None
         self._thread = threading.Thread(target=self._loop, name="celery-agents-services", daemon=True)
         self._consumer = threading.Thread(target=self._consume, name="celery-agents-completions", daemon=True)
+
+    @property
+    def started(self) -> bool:
+        return self._thread.is_alive()
 
     def start(self) -> None:
         self._thread.start()
@@ -145,6 +164,7 @@ class WorkerServices:
                 lock_ms = max(100, int(self.settings.sweep_interval * 900))
                 if store.client.set(store.keys.lock("sweeper"), self.name, nx=True, px=lock_ms):
                     counts = sweep_once(store, dispatcher, self.settings, now, probe)
+                    counts["purged"] = purge_expired(store, self.settings)
                     if any(counts.values()):
                         log.info("sweep: %s", counts)
             except Exception:
@@ -159,21 +179,25 @@ class WorkerServices:
             from celery_agents.tools.sandbox import Sandbox
 
             box = Sandbox()
-            try:
-                bwrap = box.bwrap() is not None
-            except Exception:  # AGENTS_SANDBOX_BWRAP=require without bubblewrap: isolated calls fail
-                bwrap = False
+            how = box.containment()  # None: every isolated call here fails, saying why
             self._sandbox_info = {
-                "bubblewrap": bwrap,
+                "contained": how is not None,
+                "bubblewrap": how == "bwrap",
+                "namespaces": how == "namespaces",
                 "own_uid": os.geteuid() == 0 and box.config.uid != "off",
                 "run_cgroup": box.cgroups.available(),
             }
-            log.info(
-                "runIsolated calls here get: rlimits%s%s%s",
-                ", a uid per call" if self._sandbox_info["own_uid"] else "",
-                ", a cgroup per call" if self._sandbox_info["run_cgroup"] else "",
-                ", bubblewrap" if bwrap else " (no bubblewrap: files and network stay reachable)",
-            )
+            if how is None:
+                log.error("%s", box.cannot_contain())
+            else:
+                log.info(
+                    "runIsolated calls here get: rlimits%s%s, %s",
+                    ", a uid per call" if self._sandbox_info["own_uid"] else "",
+                    ", a cgroup per call" if self._sandbox_info["run_cgroup"] else "",
+                    "bubblewrap" if how == "bwrap" else "namespaces of their own (no bubblewrap)",
+                )
+            if how is None:
+                self._sandbox_info["why"] = box.cannot_contain()
         return self._sandbox_info
 
     def _consume(self) -> None:
@@ -219,24 +243,54 @@ def _hold(lock: Lock, held: bool, name: str) -> bool:
 
 _services: WorkerServices | None = None
 _embedded: EmbeddedRedis | None = None
+#: set in a Celery worker run by `agents worker` (tasks/supervisor.py): "steps" or "tools"; the
+#: supervisor holds the services and the embedded Redis, the child only serves its queues
+_child_role: str | None = None
+
+
+def run_as_child(role: str) -> None:
+    """This process is a Celery worker under `agents worker`'s supervisor, serving `role`."""
+    global _child_role
+    _child_role = role
+    mark_supervised()
+
+
+@contextlib.contextmanager
+def worker_resources(settings: Settings) -> Iterator[None]:
+    """What a worker holds for its whole life: the embedded Redis (no `AGENTS_REDIS_URL`), and a
+    state Redis checked for an eviction policy that could drop sessions."""
+    embedded = EmbeddedRedis(settings.home).acquire() if settings.embedded else None
+    try:
+        worker_context(settings).store.check_eviction()
+        yield
+    finally:
+        if embedded is not None:
+            embedded.release()
 
 
 # Celery is untyped: its decorators would leave the handlers untyped.
 @worker_init.connect  # type: ignore[untyped-decorator]
 def _on_worker_init(**_: Any) -> None:
     global _embedded
-    if settings.embedded:
-        _embedded = EmbeddedRedis(settings.home).acquire()
-    try:
-        worker_context(settings).store.check_eviction()
-    except RedisUnavailable as exc:
-        # Celery logs and ignores what a worker_init handler raises, except SystemExit.
-        log.critical("refusing to start: %s", exc.message)
-        raise SystemExit(2) from exc
-    # Imported once in the parent so that forked pool processes share it.
-    from celery_agents.llm.adapter import warm_up
+    from celery_agents.tools.sandbox import protect_process
 
-    warm_up()
+    # Before anything else: the worker's keys in its /proc/<pid>/environ are out of reach of tools
+    # running as its user (the pool processes forked from here inherit it).
+    protect_process()
+    if _child_role is None:
+        if settings.embedded:
+            _embedded = EmbeddedRedis(settings.home).acquire()
+        try:
+            worker_context(settings).store.check_eviction()
+        except RedisUnavailable as exc:
+            # Celery logs and ignores what a worker_init handler raises, except SystemExit.
+            log.critical("refusing to start: %s", exc.message)
+            raise SystemExit(2) from exc
+    if _child_role != "tools":  # a worker that runs no step never calls a model
+        # Imported once in the parent so that forked pool processes share it.
+        from celery_agents.llm.adapter import warm_up
+
+        warm_up()
     build_schemas()
     # What is loaded by now lives as long as the process: keep it out of the collector's sight.
     # Forked pool processes then share those pages instead of copying them when a collection
@@ -248,6 +302,8 @@ def _on_worker_init(**_: Any) -> None:
 @worker_ready.connect  # type: ignore[untyped-decorator]
 def _on_worker_ready(sender: Any = None, **_: Any) -> None:
     global _services
+    if _child_role is not None:
+        return
     name = getattr(sender, "hostname", None) or f"worker@{socket.gethostname()}:{os.getpid()}"
     queues = sorted(q.name for q in app.amqp.queues.consume_from.values()) if app.amqp.queues.consume_from else []
     _services = WorkerServices(settings, name, queues)

@@ -72,11 +72,11 @@ def bwrap_argv(bwrap: str, workdir: str, readable: Iterable[str], network: bool,
         | {p for p in readable if os.path.isabs(p) and os.path.exists(p)},
         key=len,
     )
-    for path in wanted:
-        if path == "/" or any(_within(path, b) for b in bound if b != "/tmp"):
-            continue
+
+    def parents(path: str) -> list[str]:
         # bwrap gives the folders it creates the mode of the originals (a 0700 /root would hide a
         # Python installed under it from the run's uid): create them searchable first.
+        out = []
         for parent in reversed(Path(path).parents):
             name = str(parent)
             if (
@@ -85,10 +85,15 @@ def bwrap_argv(bwrap: str, workdir: str, readable: Iterable[str], network: bool,
                 and not any(_within(name, b) for b in bound if b != "/tmp")
             ):
                 made.add(name)
-                argv += ["--perms", "0755", "--dir", name]
-        argv += ["--ro-bind", os.path.realpath(path), path]
+                out += ["--perms", "0755", "--dir", name]
+        return out
+
+    for path in wanted:
+        if path == "/" or any(_within(path, b) for b in bound if b != "/tmp"):
+            continue
+        argv += [*parents(path), "--ro-bind", os.path.realpath(path), path]
         bound.append(path)
-    argv += ["--bind", workdir, workdir]
+    argv += [*parents(workdir), "--bind", workdir, workdir]
     if not as_root:
         argv += ["--chdir", workdir]
     return [*argv, "--"]

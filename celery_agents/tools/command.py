@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +27,15 @@ EX_TEMPFAIL = 75
 ERROR_CHARS = 4000
 
 
+#: in a command, the Python interpreter celery-agents runs on (not `python3` from PATH)
+PYTHON_PLACEHOLDER = "{python}"
+
+
 def resolve_argv(argv: list[str], base_dir: str | None) -> list[str]:
-    """Relative paths that exist under the agent file's folder become absolute (a sandboxed run
-    works in a directory of its own, so `tools/x.py` must not depend on the working directory)."""
+    """`{python}` becomes this interpreter; relative paths that exist under the agent file's
+    folder become absolute (a sandboxed run works in a directory of its own, so `tools/x.py`
+    must not depend on the working directory)."""
+    argv = [sys.executable if a == PYTHON_PLACEHOLDER else a for a in argv]
     if not base_dir:
         return list(argv)
     out = []

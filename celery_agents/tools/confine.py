@@ -8,12 +8,19 @@ It enforces the wall-clock timeout (SIGTERM to the whole tree, SIGKILL after the
 kills whatever is left once the tool exits, and writes one JSON status line to `status_fd`.
 
 CONFIG (JSON): argv, limits ({"RLIMIT_AS": n or [soft, hard], ...}), nproc_extra (processes allowed beyond
-those the uid already runs, when the uid is shared), uid, gid, timeout, grace, status_fd, and
-cgroup_procs (the `cgroup.procs` files of the run's cgroups, which the tool joins first).
+those the uid already runs, when the uid is shared), uid, gid, timeout, grace, status_fd,
+cgroup_procs (the `cgroup.procs` files of the run's cgroups, which the tool joins first), and
+namespaces (where bubblewrap is not used: see `_isolate`).
 
-`confine.py drop UID DIR -- ARGV...` only drops to UID, enters DIR and execs ARGV: under
-bubblewrap started by root, the drop happens inside, where the tool's files are reachable whatever
-their parents' modes (and DIR, the run's own directory, only by UID).
+Without bubblewrap, `namespaces` = {"user": bool, "network": bool, "workdir": DIR, "hide": [DIR...],
+"keep": [PATH...]} puts the tool in new mount, pid, ipc and (unless `network`) network namespaces,
+inside a user namespace of its own when the worker is not root: no network but loopback (Redis
+included), a private `/tmp` and `/dev/shm`, every folder of `hide` (where other runs' directories
+live) covered by an empty one except the run's own DIR and the paths of `keep` (the tool's files,
+read-only), and a `/proc` that shows only the run's processes (not the worker's, not other runs').
+The tool then runs below two small relays: the first stays in the worker's pid namespace and
+reports the tool's exit status as its own, the second is pid 1 of the new namespace (it forwards
+SIGTERM, and its exit kills whatever the tool left).
 """
 
 import contextlib
@@ -27,6 +34,10 @@ from typing import Any
 
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_NO_NEW_PRIVS = 38
+_CLONE_NEWNS, _CLONE_NEWIPC, _CLONE_NEWUSER = 0x00020000, 0x08000000, 0x10000000
+_CLONE_NEWPID, _CLONE_NEWNET = 0x20000000, 0x40000000
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
+_SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 1
 _flags = {"stop": False}
 
 
@@ -42,6 +53,150 @@ def _prctl(option: int, value: int) -> bool:
 
 def _become_subreaper() -> bool:
     return _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def _libc() -> Any:
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        import ctypes
+
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _mount(source: str, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    kind = fstype.encode() if fstype else None
+    options = data.encode() if data else None
+    result = _libc().mount(source.encode(), target.encode(), kind, flags, options)
+    _check(result, f"mount {fstype or source} on {target}")
+
+
+def _loopback_up() -> None:
+    import fcntl
+    import socket
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        req = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(sock, _SIOCGIFFLAGS, req))[1]
+        fcntl.ioctl(sock, _SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | _IFF_UP))
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _private_mounts(ns: dict[str, Any]) -> None:
+    """In the new mount namespace: nothing propagates back; /tmp, /dev/shm and the folder holding
+    the runs' directories are empty but for the run's own directory (read-write) and the paths the
+    tool needs that were in them (read-only)."""
+    _mount("none", "/", None, _MS_REC | _MS_PRIVATE)
+    hidden = list(dict.fromkeys(["/tmp", "/dev/shm", *ns.get("hide", ())]))
+    wanted = [(ns["workdir"], True)] + [(p, False) for p in ns.get("keep", ()) if os.path.exists(p)]
+    kept = [
+        (path, writable, os.open(path, os.O_PATH))
+        for path, writable in sorted(wanted, key=lambda item: len(item[0]))
+        if any(path == h or path.startswith(h.rstrip("/") + "/") for h in hidden)
+    ]
+    for folder in hidden:
+        if os.path.isdir(folder):
+            mode = "mode=1777" if folder in ("/tmp", "/dev/shm") else "mode=755"
+            _mount("tmpfs", folder, "tmpfs", _MS_NOSUID | _MS_NODEV, mode)
+    for path, writable, fd in kept:
+        if os.path.isdir(f"/proc/self/fd/{fd}"):
+            os.makedirs(path, exist_ok=True)
+        elif not os.path.exists(path):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
+        _mount(f"/proc/self/fd/{fd}", path, None, _MS_BIND)
+        if not writable:
+            _mount("none", path, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
+        os.close(fd)
+
+
+def _relay(pid: int, status_r: int) -> None:
+    """The first relay: wait for pid 1 of the new namespace, then end as the tool ended."""
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)  # the supervisor's SIGTERM is for the tool; SIGKILL still ends us
+    _quiet()
+    os.waitpid(pid, 0)
+    data = os.read(status_r, 64).decode().strip()
+    if not data:
+        os._exit(126)
+    code = int(data)
+    if os.WIFSIGNALED(code):
+        killer = os.WTERMSIG(code)
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        signal.signal(killer, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [killer])
+        os.kill(os.getpid(), killer)
+    os._exit(os.waitstatus_to_exitcode(code) if os.WIFEXITED(code) else 128 + os.WTERMSIG(code))
+
+
+def _quiet() -> None:
+    """Let go of the tool's stdin and stdout: only the tool holds them."""
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1):
+        os.dup2(null, fd)
+    os.close(null)
+
+
+def _init(tool: int, status_w: int) -> None:
+    """Pid 1 of the new namespace: forward stop signals, reap, report the tool's status, leave
+    (which kills every process left in the namespace)."""
+
+    def forward(signum: int, _frame: object) -> None:
+        with contextlib.suppress(OSError):
+            os.kill(-1, signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
+    _quiet()
+    while True:
+        try:
+            pid, code = os.waitpid(-1, 0)
+        except ChildProcessError:
+            os._exit(126)
+        except InterruptedError:
+            continue
+        if pid == tool:
+            os.write(status_w, f"{code}\n".encode())
+            os._exit(0)
+
+
+def _isolate(ns: dict[str, Any]) -> None:
+    """New namespaces for the tool (see the module docstring). Returns in the tool's own process;
+    the relays never return."""
+    uid, gid = os.getuid(), os.getgid()
+    flags = _CLONE_NEWNS | _CLONE_NEWPID | _CLONE_NEWIPC | (0 if ns.get("network") else _CLONE_NEWNET)
+    if ns.get("user"):
+        flags |= _CLONE_NEWUSER
+    _check(_libc().unshare(flags), "unshare")
+    if ns.get("user"):
+        # The tool keeps its uid inside; it has no capability once it execs.
+        _write("/proc/self/setgroups", "deny")
+        _write("/proc/self/uid_map", f"{uid} {uid} 1")
+        _write("/proc/self/gid_map", f"{gid} {gid} 1")
+    status_r, status_w = os.pipe()
+    pid = os.fork()
+    if pid:
+        os.close(status_w)
+        _relay(pid, status_r)
+    os.close(status_r)
+    _private_mounts(ns)
+    if not ns.get("network"):
+        _loopback_up()
+    _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV)
+    tool = os.fork()
+    if tool:
+        _init(tool, status_w)
+    os.close(status_w)
 
 
 def _drop_to(uid: int, gid: int) -> None:
@@ -100,8 +255,16 @@ def _exec_tool(cfg: dict[str, Any]) -> None:
         limits = dict(cfg.get("limits") or {})
         uid = cfg.get("uid")
         if "RLIMIT_NPROC" in limits and cfg.get("nproc_extra"):
-            # The uid is shared with the worker: allow this many processes beyond its own.
-            limits["RLIMIT_NPROC"] = limits["RLIMIT_NPROC"] + _tasks_of_uid(os.getuid())
+            # The uid is shared with the worker: allow this many processes beyond its own (counted
+            # here, where /proc still shows them all).
+            # The namespaces' pid 1 is one more process of the uid.
+            limits["RLIMIT_NPROC"] += _tasks_of_uid(os.getuid()) + (1 if cfg.get("namespaces") else 0)
+        if cfg.get("namespaces"):
+            try:
+                _isolate(cfg["namespaces"])
+            except OSError as exc:
+                os.write(2, f"cannot create the run's namespaces: {exc}\n".encode())
+                os._exit(126)
         for name, value in limits.items():
             which = getattr(resource, name)
             soft, hard = (value, value) if isinstance(value, int) else value

@@ -86,6 +86,10 @@ class ToolRunner:
                 return self._once(agent, tool, args, limits, timeout, session_id, call)
             except SandboxUnavailable as exc:
                 return CallOutcome(state="failed", error=str(exc))
+            except ValueError as exc:
+                # A value the model chose that no program can receive (subprocess refuses NUL bytes
+                # in argv and environment): the model is told, the session goes on.
+                return CallOutcome(state="failed", error=_unstartable(exc))
 
         outcome = apply_truncate(with_retries(once, disp), disp.truncate)
         if self.isolated:
@@ -104,17 +108,29 @@ class ToolRunner:
     ) -> CallOutcome:
         if tool.python:
             return self._python(agent, tool, args, limits, timeout, session_id, call)
+        if tool.mcp:
+            from celery_agents.tools.mcp.calls import call_mcp
+
+            outcome, run = call_mcp(
+                agent, tool, args, limits, timeout, session_id, call, self.sandbox if self.isolated else None
+            )
+            return outcome if run is None else _with_sandbox(outcome, run)
         if tool.script:
             script = resolve_argv([tool.script], agent.base_dir)[0]
-            argv, stdin = script_invocation(
-                script, list(tool.script_args) if tool.script_args is not None else None, args
-            )
+            declared = [script]
+            modes = list(tool.script_args) if tool.script_args is not None else None
+            invocation = script_invocation(script, modes, args)
+            if isinstance(invocation, str):
+                return CallOutcome(state="failed", attempts=0, error=invocation, meta={"invalid_arguments": True})
+            argv, stdin = invocation
             env = call_env(session_id, call, agents_exe=True)
         else:
-            argv = resolve_argv(list(tool.command or []), agent.base_dir)
+            argv = declared = resolve_argv(list(tool.command or []), agent.base_dir)
             stdin, env = json.dumps(args).encode(), call_env(session_id, call)
         if self.isolated:
-            needs = _program_paths(argv)
+            # What the sandbox lets the run reach comes from the agent file, never from the
+            # arguments the model chose.
+            needs = _program_paths(declared)
             readable = [*python_install(), *([agent.base_dir] if agent.base_dir else [])]
             run = self.sandbox.run(
                 argv,
@@ -123,7 +139,7 @@ class ToolRunner:
                 env_names=tool.env,
                 limits=limits,
                 timeout=timeout,
-                network=tool.network,
+                network=_network(tool, agent, call.tool),
                 readable=readable,
                 needs=needs,
             )
@@ -159,7 +175,7 @@ class ToolRunner:
         cap = limits.output_bytes or OUTPUT_CAP
         if not self.isolated:
             started = time.monotonic()
-            envelope = call_in_thread(spec, args, timeout)
+            envelope = call_in_thread(spec, args, timeout, agent.base_dir)
             duration = (time.monotonic() - started) * 1000
             if envelope is None:
                 return CallOutcome(
@@ -181,7 +197,7 @@ class ToolRunner:
             env_names=tool.env,
             limits=limits,
             timeout=timeout,
-            network=tool.network,
+            network=_network(tool, agent, call.tool),
             needs=[sys.executable, *paths],
         )
         proc = run.process
@@ -200,6 +216,12 @@ class ToolRunner:
                 }
             outcome = _outcome_of_envelope(envelope, proc.duration_ms, proc.exit_status, cap)
         return _with_sandbox(outcome, run)
+
+
+def _unstartable(exc: ValueError) -> str:
+    if "null byte" in str(exc):
+        return "the call could not start: an argument holds a NUL byte (\\u0000), which a program cannot receive"
+    return f"the call could not start: {exc}"
 
 
 def _with_sandbox(outcome: CallOutcome, run: SandboxRun) -> CallOutcome:
@@ -245,7 +267,14 @@ def _folder(agent: AgentSpec) -> str | None:
     return agent.base_dir if agent.base_dir and os.path.isdir(agent.base_dir) else None
 
 
+def _network(tool: ToolSpec, agent: AgentSpec, name: str) -> bool:
+    """Whether an isolated run keeps the network: its rule's `network`, else the tool's."""
+    chosen = disposition_for(agent, name).network
+    return tool.network if chosen is None else chosen
+
+
 def _program_paths(argv: list[str]) -> list[str]:
-    """What a sandboxed command cannot run without: its program and the files its argv names."""
+    """What a sandboxed command cannot run without: its program and the files its declared argv
+    names (the agent file's, not the model's)."""
     found = shutil.which(argv[0]) if argv else None
     return [*([found] if found else []), *(a for a in argv if os.path.isabs(a) and os.path.exists(a))]

@@ -14,6 +14,7 @@ import json
 from typing import Any
 
 from celery_agents.model import Media
+from celery_agents.scheduler.ports import CallOutcome
 
 
 def parse_output(text: str) -> Any:
@@ -105,3 +106,25 @@ def cut(value: Any, limit: int) -> tuple[Any, int | None]:
 
 def capped_note(written: int, cap: int) -> str:
     return f"\n[output cut: the tool wrote {written} bytes; only the first {cap} are kept (limits.outputBytes)]"
+
+
+def bound_outcome(outcome: CallOutcome, max_bytes: int) -> CallOutcome:
+    """A tool's outcome as it may be stored and sent to the model: a result (with its media) over
+    `max_bytes` is cut to text of that size saying so, media that do not fit are dropped, and an
+    error text is cut too. Whatever a tool's own limits allow, AGENTS_MAX_RESULT_BYTES holds."""
+    if outcome.error is not None and len(outcome.error.encode()) > max_bytes:
+        outcome.error = outcome.error.encode()[:max_bytes].decode(errors="ignore") + "\n[error text cut]"
+    if outcome.result is None and not outcome.media:
+        return outcome
+    text = outcome.result if isinstance(outcome.result, str) else json.dumps(outcome.result, ensure_ascii=False)
+    size = len(text.encode()) + sum(len(m.data_base64) for m in outcome.media)
+    if size <= max_bytes:
+        return outcome
+    kept = text.encode()[:max_bytes].decode(errors="ignore")
+    dropped = f", {len(outcome.media)} attachment(s) dropped" if outcome.media else ""
+    outcome.result = (
+        f"{kept}\n[cut: the result was {size} bytes, more than AGENTS_MAX_RESULT_BYTES ({max_bytes}){dropped}]"
+    )
+    outcome.media = []
+    outcome.meta["result_capped"] = {"size": size, "cap": max_bytes}
+    return outcome

@@ -43,10 +43,11 @@ def jsonable(value: Any) -> Any:
     return str(value)
 
 
-def call_function(spec: str, arguments: Any) -> dict[str, Any]:
-    """Load, bind and call; never raises (the envelope says what went wrong)."""
+def call_function(spec: str, arguments: Any, folder: str | None = None) -> dict[str, Any]:
+    """Load (from `folder` too, the agent file's), bind and call; never raises (the envelope
+    says what went wrong)."""
     try:
-        func = load_function(spec)
+        func = load_function(spec, folder)
     except Exception as exc:
         return {"ok": False, "kind": "load", "error": f"cannot load {spec}: {exc}", "retryable": False}
     try:
@@ -67,12 +68,12 @@ _overrun: list[threading.Thread] = []
 _overrun_lock = threading.Lock()
 
 
-def call_in_thread(spec: str, arguments: Any, timeout: float) -> dict[str, Any] | None:
+def call_in_thread(spec: str, arguments: Any, timeout: float, folder: str | None = None) -> dict[str, Any] | None:
     """The envelope, or None when the call did not finish within `timeout` seconds (the thread
     then runs on: see `overrunning_calls`)."""
     box: list[dict[str, Any]] = []
     thread = threading.Thread(
-        target=lambda: box.append(call_function(spec, arguments)), name=f"tool:{spec}", daemon=True
+        target=lambda: box.append(call_function(spec, arguments, folder)), name=f"tool:{spec}", daemon=True
     )
     thread.start()
     thread.join(timeout)

@@ -49,8 +49,9 @@ ALLOWED_ENV = ("PATH", "LANG")
 _UID_BASE, _UID_SPAN = 200_000_000, 1 << 24
 #: extra seconds the worker waits for the supervisor beyond the tool's own timeout and grace
 _BACKSTOP = 5.0
-#: processes of bubblewrap's own in a run's cgroup: bwrap, and its init (pid 1 of the namespace)
-_BWRAP_PROCESSES = 2
+#: processes of the sandbox's own in a run's cgroup: bwrap and its init, or the relay and pid 1
+_RELAY_PROCESSES = 2
+_PR_SET_DUMPABLE = 4
 
 
 class SandboxUnavailable(Exception):
@@ -156,40 +157,84 @@ class Sandbox:
     def __init__(self, config: SandboxConfig | None = None) -> None:
         self.config = config or SandboxConfig.from_env()
         self._bwrap: str | bool | None = False  # False: not probed yet
+        self._namespaces: bool | None = None  # None: not probed yet
+        self._why_not: dict[str, str] = {}
         self.cgroups = Cgroups(self.config.cgroup)
+        # This process holds the worker's secrets in its environment: no tool may read them.
+        protect_process()
 
     # -- how a run is confined ---------------------------------------------------------------
     def _uid(self) -> int | None:
+        """The uid of the next run: a fresh one when root, None to keep the worker's (not root)."""
         mode = self.config.uid
-        if mode == "off":
-            return None
-        if mode != "auto":
-            return int(mode)
         if os.geteuid() != 0:
-            return None
-        return _UID_BASE + secrets.randbelow(_UID_SPAN)
+            return None if mode in ("off", "auto") else int(mode)
+        if mode == "off":
+            raise SandboxUnavailable(
+                "AGENTS_SANDBOX_UID=off would run isolated calls as root: this worker runs none "
+                "(set AGENTS_SANDBOX_UID=auto, or a uid of their own)"
+            )
+        return _UID_BASE + secrets.randbelow(_UID_SPAN) if mode == "auto" else int(mode)
 
     def bwrap(self) -> str | None:
         """The bwrap to use, probed once per process; None when runs go without it."""
         if self._bwrap is False:
             self._bwrap = None
             found = bwrap_path() if self.config.bwrap != "off" else None
-            if found:
+            if self.config.bwrap == "off":
+                self._why_not["bwrap"] = "bubblewrap is turned off (AGENTS_SANDBOX_BWRAP=off)"
+            elif not found:
+                self._why_not["bwrap"] = "bubblewrap is not installed (no bwrap on PATH)"
+            else:
                 true = shutil.which("true") or "/bin/true"
-                probe = self._run([true], b"", {}, [], DEFAULT_LIMITS, 30.0, (found, [true], False), needs=[true])
+                probe = self._run([true], b"", {}, [], DEFAULT_LIMITS, 30.0, Wrap(found, [true], False), needs=[true])
                 if probe.process.exit_status == 0:
                     self._bwrap = found
                 else:
                     why = probe.process.stderr.decode(errors="replace").strip()
-                    log.warning(
-                        "bubblewrap is installed but cannot run here (%s); sandboxed tools run with rlimits only", why
-                    )
+                    self._why_not["bwrap"] = f"bubblewrap cannot run here ({why})"
+                    log.warning("bubblewrap is installed but cannot run here (%s)", why)
             if self._bwrap is None and self.config.bwrap == "require":
                 raise SandboxUnavailable(
                     "bubblewrap is required (AGENTS_SANDBOX_BWRAP=require) but "
                     f"{'does not run here' if found else 'is not installed (bwrap)'}"
                 )
         return self._bwrap  # type: ignore[return-value]
+
+    def namespaces(self) -> bool:
+        """Whether runs can go in namespaces of their own without bubblewrap (probed once)."""
+        if self._namespaces is None:
+            self._namespaces = False
+            true = shutil.which("true") or "/bin/true"
+            try:
+                probe = self._run([true], b"", {}, [], DEFAULT_LIMITS, 30.0, None, needs=[true], isolate=True)
+            except SandboxUnavailable as exc:
+                self._why_not["namespaces"] = str(exc)
+            else:
+                self._namespaces = probe.process.exit_status == 0
+                if not self._namespaces:
+                    why = probe.process.stderr.decode(errors="replace").strip() or f"exit {probe.process.exit_status}"
+                    self._why_not["namespaces"] = why
+        return self._namespaces
+
+    def containment(self) -> str | None:
+        """How runs are contained here: `bwrap`, `namespaces`, or None (runs are refused)."""
+        try:
+            if self.bwrap():
+                return "bwrap"
+        except SandboxUnavailable:
+            return None
+        return "namespaces" if self.namespaces() else None
+
+    def cannot_contain(self) -> str:
+        """Why no run can be contained here, and what to install."""
+        reasons = "; ".join(self._why_not.get(k, "") for k in ("bwrap", "namespaces") if self._why_not.get(k))
+        return (
+            f"this worker cannot contain isolated calls, so it runs none: {reasons}. Install bubblewrap "
+            "(apt-get install bubblewrap) where it may create namespaces: allow unprivileged user namespaces "
+            "(sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0), or run the worker "
+            "as root with CAP_SYS_ADMIN (in a container: see docs/security.md)"
+        )
 
     def run(
         self,
@@ -205,9 +250,14 @@ class Sandbox:
         needs: Iterable[str] = (),
     ) -> SandboxRun:
         """Run argv confined. `needs`: the files the tool cannot run without (its program, its
-        script); `readable`: everything it may read (bound read-only under bubblewrap)."""
-        bwrap = self.bwrap()
+        script); `readable`: everything it may read (bound read-only under bubblewrap). These come
+        from the agent file, never from the model's arguments."""
         needed = list(needs)
+        how = self.containment()
+        if how is None:
+            raise SandboxUnavailable(self.cannot_contain())
+        seen = [*readable, *needed]
+        wrap = Wrap(self.bwrap() or "", seen, network) if how == "bwrap" else None
         return self._run(
             list(argv),
             stdin,
@@ -215,8 +265,11 @@ class Sandbox:
             list(env_names),
             limits,
             timeout,
-            (bwrap, [*readable, *needed], network) if bwrap else None,
+            wrap,
             needs=needed,
+            isolate=wrap is None,
+            network=network,
+            readable=seen,
         )
 
     def _run(
@@ -227,30 +280,33 @@ class Sandbox:
         env_names: list[str],
         limits: Limits,
         timeout: float,
-        wrap: tuple[str, list[str], bool] | None,
+        wrap: Wrap | None,
         needs: list[str],
         grace: float = 1.0,
+        isolate: bool = False,
+        network: bool = False,
+        readable: Sequence[str] = (),
     ) -> SandboxRun:
-        workdir = tempfile.mkdtemp(prefix="agents-sandbox-", dir=self.config.root)
         uid = self._uid()
         drop_here = uid
-        note = None
         if uid is not None and wrap is not None:
             # bwrap runs as root and the drop happens inside, where bound paths are reachable.
-            argv = [sys.executable, "-I", "-S", "-B", CONFINE, "drop", str(uid), workdir, "--", *argv]
-            wrap = (wrap[0], [*wrap[1], *python_install(), os.path.dirname(CONFINE)], wrap[2])
             drop_here = None
         elif uid is not None:
             hidden = [p for p in needs if not reachable_by_others(p)]
             if hidden:
-                uid = drop_here = None
-                note = (
-                    f"kept the worker's uid: {hidden[0]} is not readable by other users "
-                    "(install bubblewrap, or keep tools in folders others can read)"
+                raise SandboxUnavailable(
+                    f"cannot run this call as a uid of its own: {hidden[0]} is not readable by other users, "
+                    "and an isolated call never runs as root (install bubblewrap, or keep the tool and its "
+                    "interpreter in folders others can read)"
                 )
+        workdir = tempfile.mkdtemp(prefix="agents-sandbox-", dir=self.config.root)
+        if uid is not None and wrap is not None:
+            argv = [sys.executable, "-I", "-S", "-B", CONFINE, "drop", str(uid), workdir, "--", *argv]
+            wrap = Wrap(wrap.bwrap, [*wrap.readable, *python_install(), os.path.dirname(CONFINE)], wrap.network)
         processes = limits.processes
-        if processes and wrap is not None:
-            processes += _BWRAP_PROCESSES  # bubblewrap itself and its pid 1 are in the cgroup too
+        if processes and (wrap is not None or isolate):
+            processes += _RELAY_PROCESSES  # bubblewrap (or our relays) and pid 1 are in the cgroup too
         cgroup = self.cgroups.create(limits.memory_mb, processes)
         oom_kills = 0
         status_r, status_w = os.pipe()
@@ -258,7 +314,7 @@ class Sandbox:
             if uid is not None:
                 os.chown(workdir, uid, uid)
             if wrap is not None:
-                argv = bwrap_argv(wrap[0], workdir, wrap[1], wrap[2], as_root=os.geteuid() == 0) + argv
+                argv = bwrap_argv(wrap.bwrap, workdir, wrap.readable, wrap.network, as_root=os.geteuid() == 0) + argv
             cfg = {
                 "argv": argv,
                 "limits": rlimits(limits),
@@ -269,6 +325,7 @@ class Sandbox:
                 "grace": grace,
                 "status_fd": status_w,
                 "cgroup_procs": cgroup.procs_files if cgroup else [],
+                "namespaces": _namespaces(workdir, network, readable) if isolate else None,
             }
             launcher = [sys.executable, "-I", "-S", "-B", CONFINE, json.dumps(cfg)]
             result = run_process(
@@ -298,12 +355,43 @@ class Sandbox:
         if wrap is not None and result.exit_status is not None and 128 < result.exit_status <= 128 + 64:
             # bwrap's init reports a tool killed by signal N as exit status 128 + N.
             result.exit_status = 128 - result.exit_status
-        if note:
-            status["uid_note"] = note
         status["memory_scope"] = "run" if cgroup is not None else "process"
         if cgroup is not None and oom_kills:
             status["oom_kills"] = oom_kills
-        return SandboxRun(result, "bwrap" if wrap else "rlimits", uid, limits, status)
+        return SandboxRun(result, "bwrap" if wrap else "namespaces", uid, limits, status)
+
+
+@dataclass(frozen=True)
+class Wrap:
+    """A run under bubblewrap: which bwrap, what it may read, whether it keeps the network."""
+
+    bwrap: str
+    readable: list[str]
+    network: bool
+
+
+def _namespaces(workdir: str, network: bool, keep: Sequence[str]) -> dict[str, object]:
+    """What `confine.py` sets up without bubblewrap: the folder holding the run directories (and
+    /tmp) hidden but for this run's own and the files the tool needs."""
+    return {
+        "user": os.geteuid() != 0,
+        "network": network,
+        "workdir": workdir,
+        "hide": [os.path.dirname(workdir)],
+        "keep": list(dict.fromkeys(os.path.abspath(p) for p in keep)),
+    }
+
+
+def protect_process() -> None:
+    """Make this process's memory and `/proc/<pid>/environ` unreadable to processes of the same
+    uid (PR_SET_DUMPABLE 0): a tool running as the worker's user cannot read the worker's keys.
+    Inherited by forked children (the pool), reset by exec (tools are not protected from us)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: nothing to do
+        pass
 
 
 def python_install() -> list[str]:

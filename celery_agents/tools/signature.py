@@ -10,6 +10,9 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
+import os
+import sys
+import threading
 from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
@@ -23,13 +26,29 @@ class BadArguments(Exception):
     """The arguments do not fit the function; the message says what to send instead."""
 
 
-def load_function(spec: str) -> Callable[..., Any]:
-    """`"package.module:function"` → the function (ImportError / AttributeError when absent)."""
+_path_lock = threading.Lock()
+
+
+def load_function(spec: str, folder: str | None = None) -> Callable[..., Any]:
+    """`"package.module:function"` → the function (ImportError / AttributeError when absent).
+
+    Where the module is found is one rule for every disposition: the interpreter's own import
+    path first (installed packages), then `folder`, the agent file's folder (a runIsolated child
+    gets the same path in the same order). In a worker process a module is imported once, so two
+    agents' tool modules need different names."""
+    if folder:
+        _append_to_path(folder)
     module_name, _, func_name = spec.partition(":")
     func = getattr(importlib.import_module(module_name), func_name)
     if not callable(func):
         raise AttributeError(f"{spec} is not a function")
     return func  # type: ignore[no-any-return]
+
+
+def _append_to_path(folder: str) -> None:
+    with _path_lock:
+        if folder not in sys.path and os.path.isdir(folder):
+            sys.path.append(folder)
 
 
 @lru_cache(maxsize=512)
@@ -75,11 +94,11 @@ def schema_of(func: Callable[..., Any]) -> dict[str, Any]:
     return schema  # type: ignore[no-any-return]
 
 
-def describe_function(spec: str) -> tuple[dict[str, Any], str] | None:
+def describe_function(spec: str, folder: str | None = None) -> tuple[dict[str, Any], str] | None:
     """(schema, first paragraph of the docstring) of a python tool; None when it cannot be loaded
     here (the agent keeps an empty schema and the worker binds by signature at run time)."""
     try:
-        func = load_function(spec)
+        func = load_function(spec, folder)
         schema = schema_of(func)
     except Exception as exc:  # an unimportable or unusual function must not refuse the file
         log.warning("python tool %s: no schema derived from its signature (%s); declare parameters", spec, exc)

@@ -123,8 +123,13 @@ def describe_toolbox(box: Toolbox, base_dir: str | None) -> list[dict[str, Any]]
     ]
 
 
-def script_invocation(script: str, args: list[ScriptArg] | None, arguments: dict[str, Any]) -> tuple[list[str], bytes]:
-    """(argv, stdin) of `script run` for these arguments: agents-exe modes, or JSON on stdin."""
+def script_invocation(
+    script: str, args: list[ScriptArg] | None, arguments: dict[str, Any]
+) -> tuple[list[str], bytes] | str:
+    """(argv, stdin) of `script run` for these arguments (agents-exe modes, or JSON on stdin), or
+    the error the model gets when a value cannot be passed as its mode says without changing the
+    command: a stdin value is one line, and a positional or `--name value` value that starts with
+    `-` would be read as an option."""
     if args is None:
         return [script, "run"], json.dumps(arguments).encode()
     argv, lines = [script, "run"], []
@@ -133,6 +138,9 @@ def script_invocation(script: str, args: list[ScriptArg] | None, arguments: dict
             continue
         value = arguments[arg.name]
         text = value if isinstance(value, str) else json.dumps(value)
+        problem = _unpassable(arg, text)
+        if problem:
+            return f"argument {arg.name!r} {problem}; call the tool again with a value that does not"
         if arg.mode == "positional":
             argv.append(text)
         elif arg.mode == "dashdashspace":
@@ -142,3 +150,14 @@ def script_invocation(script: str, args: list[ScriptArg] | None, arguments: dict
         else:
             lines.append(text)
     return argv, ("".join(f"{line}\n" for line in lines)).encode()
+
+
+def _unpassable(arg: ScriptArg, text: str) -> str | None:
+    """Why `text` cannot be passed as `arg`'s mode says, or None."""
+    if "\0" in text:
+        return "contains a NUL character, which no command argument can carry"
+    if arg.mode == "stdin" and ("\n" in text or "\r" in text):
+        return "goes to the tool as one line of its input and must not contain a line break"
+    if arg.mode in ("positional", "dashdashspace") and text.startswith("-"):
+        return "starts with '-', which the tool would read as an option rather than as this argument's value"
+    return None

@@ -3,6 +3,7 @@ fallback models, keys."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
@@ -159,3 +160,56 @@ def test_classification_of_plain_exceptions() -> None:
     assert classify(TimeoutError("slow")).transient
     assert classify(ConnectionError("reset")).transient
     assert not classify(ValueError("weird")).transient
+
+
+@pytest.mark.parametrize(("provider", "variable"), [("openai", "OPENAI_API_KEY"), ("anthropic", "ANTHROPIC_API_KEY")])
+def test_a_workers_provider_key_never_goes_to_an_apibase_that_did_not_ask_for_it(
+    llm_server: LlmServer, monkeypatch: pytest.MonkeyPatch, provider: str, variable: str
+) -> None:
+    secret = f"sk-worker-secret-{provider}"
+    monkeypatch.setenv(variable, secret)
+    scenario = llm_server.scenario([text("ok")])
+    spec = parse_agent({"slug": "t", "model": f"{provider}/{scenario}", "apiBase": llm_server.url})
+    req = LlmRequest(agent=spec, messages=[{"role": "user", "content": "hi"}], tools=[])
+    with contextlib.suppress(LlmFailure):  # an Anthropic client cannot read the OpenAI-shaped answer
+        port(attempts=1)[0].complete(req)
+    sent = llm_server.requests[scenario]
+    assert sent, "the request reached the endpoint"
+    assert secret not in json.dumps(sent), "the worker's key went to an endpoint the agent file chose"
+
+
+def test_a_fallback_models_apibase_gets_no_worker_key_either(
+    llm_server: LlmServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-worker-secret-fallback")
+    backup = llm_server.scenario([text("from the backup")])
+    req, primary = request(
+        llm_server, [error(401, "no")], fallbackModels=[{"model": f"openai/{backup}", "apiBase": llm_server.url}]
+    )
+    port()[0].complete(req)
+    for scenario in (primary, backup):
+        assert "sk-worker-secret" not in json.dumps(llm_server.requests[scenario])
+
+
+@pytest.mark.parametrize("field", ["api_key", "api_base", "base_url"])
+def test_model_params_cannot_carry_an_endpoint_or_a_key(field: str) -> None:
+    from celery_agents.errors import InvalidAgentFile
+
+    with pytest.raises(InvalidAgentFile) as info:
+        parse_agent({"slug": "t", "model": "openai/x", "modelParams": {field: "http://elsewhere"}}, "a.json")
+    assert "modelParams" in info.value.message and field in info.value.message
+
+
+@pytest.mark.parametrize("where", ["agent", "fallback"])
+@pytest.mark.parametrize("name", ["AGENTS_REDIS_URL", "agents_spec_key"])
+def test_api_key_env_cannot_name_a_worker_setting(where: str, name: str) -> None:
+    from celery_agents.errors import InvalidAgentFile
+
+    data: dict[str, Any] = {"slug": "t", "model": "openai/x", "apiBase": "http://127.0.0.1:9/v1"}
+    if where == "agent":
+        data["apiKeyEnv"] = name
+    else:
+        data["fallbackModels"] = [{"model": "openai/y", "apiBase": "http://127.0.0.1:9/v1", "apiKeyEnv": name}]
+    with pytest.raises(InvalidAgentFile) as info:
+        parse_agent(data, "a.json")
+    assert "apiKeyEnv" in info.value.message and name in info.value.message

@@ -40,7 +40,7 @@ def test_a_redelivered_step_reuses_the_journaled_model_answer(store: Store, stor
     answer = llm_turn(("c1", "sync_a", '{"city": "Paris"}'), text="first answer")
     # the first delivery began, got the model's answer into the journal, then its worker died
     begin(store, sid, "worker-a")
-    store.journal_put(sid, "llm:1", answer.model_dump_json())
+    store.journal_put(sid, "llm:1", answer.model_dump_json(), "worker-a", 1)
     drop_lease(store, sid)
 
     llm = ScriptedLlm()  # a second model call would fail the test

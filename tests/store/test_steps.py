@@ -10,7 +10,8 @@ import pytest
 from celery_agents.errors import SessionNotAdvanceable
 from celery_agents.model import AgentSpec, CallState, ErrorInfo, LlmTurn, State, Status, UserQuery, UserTurn
 from celery_agents.runtime import commit_transition
-from celery_agents.store import Store
+from celery_agents.store import LeaseLost, Store
+from celery_agents.store.store import JOURNAL_TTL_S
 from tests.scheduler.fakes import RecordingTools, ScriptedLlm, llm_turn
 from tests.store.scenario import AGENT, begin, commit, decide, start, step
 
@@ -86,7 +87,7 @@ def test_creating_an_existing_session_id_is_refused(any_store: Store) -> None:
 def test_begin_step_takes_the_lease_and_returns_what_the_step_needs(any_store: Store) -> None:
     store = any_store
     sid = start(store)
-    store.journal_put(sid, "llm:1", "{}")
+    store.journal_put(sid, "llm:1", "{}", "worker-a", 1)
     status, loaded = store.begin_step(sid, 1, "worker-a", request="r1")
     assert status == "ok"
     assert not isinstance(loaded, str)
@@ -146,7 +147,7 @@ def test_commit_appends_turns_bumps_version_and_releases_the_lease(any_store: St
     store = any_store
     sid = start(store)
     loaded = begin(store, sid)
-    store.journal_put(sid, "llm:1", "journaled")
+    store.journal_put(sid, "llm:1", "journaled", "w1", 1)
     t = decide(store, loaded, llm=ScriptedLlm(llm_turn(("c1", "sync_a", "{}"), text="checking")))
     res = commit(store, sid, loaded, t)
     assert res[:2] == ("ok", 2)
@@ -335,10 +336,22 @@ def test_fail_step_fails_the_session_and_fences_queued_copies(any_store: Store) 
 def test_journal_first_writer_wins(any_store: Store) -> None:
     store = any_store
     sid = start(store)
-    assert store.journal_put(sid, "llm:1", "first") == "first"
-    assert store.journal_put(sid, "llm:1", "second") == "first"
+    assert store.journal_put(sid, "llm:1", "first", "worker-a", 1) == "first"
+    assert store.journal_put(sid, "llm:1", "second", "worker-a", 1) == "first"
     assert store.journal_get(sid, "llm:1") == "first"
-    assert store.journal_put(sid, "tool:1:0", "other field") == "other field"
+    assert store.journal_put(sid, "tool:1:0", "other field", "worker-a", 1) == "other field"
+    assert 0 < store.client.ttl(store.keys.journal(sid)) <= JOURNAL_TTL_S, "a journal expires"
+
+
+def test_a_step_that_lost_its_lease_or_version_journals_nothing(any_store: Store) -> None:
+    store = any_store
+    sid = start(store)
+    begin(store, sid, "worker-b")
+    with pytest.raises(LeaseLost):
+        store.journal_put(sid, "tool:1:0", "from a frozen worker", "worker-a", 1)
+    with pytest.raises(LeaseLost):
+        store.journal_put(sid, "tool:1:0", "from an old step", "worker-b", 0)
+    assert not store.client.exists(store.keys.journal(sid))
 
 
 def test_a_sync_tool_failure_is_committed_as_a_failed_call(any_store: Store) -> None:

@@ -138,6 +138,7 @@ class LlmServer:
                 length = int(self.headers.get("content-length", 0))
                 body = json.loads(self.rfile.read(length) or b"{}")
                 body["_authorization"] = self.headers.get("authorization")
+                body["_x_api_key"] = self.headers.get("x-api-key")  # how Anthropic clients send keys
                 name = str(body.get("model", ""))
                 turn = sum(1 for m in body.get("messages", []) if m.get("role") == "assistant")
                 reply = server._next(name, body)

@@ -1,4 +1,5 @@
-"""Real worker processes (`agents worker`, or `celery -A celery_agents.tasks worker`) for tests."""
+"""Real worker processes (`agents worker`: a supervisor, a threads-pool steps worker and a prefork
+tool worker) for tests."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +45,15 @@ class Worker:
         concurrency: int = 2,
         log: Path | None = None,
         name: str | None = None,
+        prefix: Sequence[str] = (),
+        step_processes: int = 1,
+        step_threads: int | None = None,
     ) -> None:
+        """`prefix`: an argv the worker command runs under (tests/support/confinement.py)."""
         self.env = env
         self.name = name or f"w{os.getpid()}-{time.monotonic_ns()}@test"
         self.args = [
+            *prefix,
             sys.executable,
             "-m",
             "celery_agents.cli.main",
@@ -57,7 +64,12 @@ class Worker:
             str(concurrency),
             "--name",
             self.name,
+            # One steps process (threads pool) per worker: tests start many workers on few cores.
+            "--step-processes",
+            str(step_processes),
         ]
+        if step_threads is not None:
+            self.args += ["--step-threads", str(step_threads)]
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
 

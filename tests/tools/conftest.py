@@ -117,9 +117,10 @@ def bwrap_usable() -> bool:
         return False
 
 
-@pytest.fixture(params=["rlimits", "bwrap"])
+@pytest.fixture(params=["namespaces", "bwrap"])
 def level(request: pytest.FixtureRequest) -> str:
-    """Each sandbox level: rlimits (+ own uid when root), and bubblewrap where it works."""
+    """Each sandbox level: namespaces of its own without bubblewrap (+ own uid when root), and
+    bubblewrap where it works."""
     if request.param == "bwrap" and not bwrap_usable():
         pytest.skip("bubblewrap (bwrap) is not installed or cannot create namespaces here")
     return str(request.param)

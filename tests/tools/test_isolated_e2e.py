@@ -117,7 +117,7 @@ def check_sandboxed(call: dict[str, Any]) -> None:
         1,
         0,
     ), call["error"]
-    assert call["duration_ms"] > 0 and call["meta"]["isolation"] in ("rlimits", "bwrap")
+    assert call["duration_ms"] > 0 and call["meta"]["isolation"] in ("namespaces", "bwrap")
     result = call["result"]
     assert result["shout"] == "HELLO"
     assert "OPENAI_API_KEY" not in result["env"] and "AGENTS_REDIS_URL" not in result["env"]

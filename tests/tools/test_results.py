@@ -92,7 +92,7 @@ def test_duration_exit_status_and_attempts_are_recorded(
     assert (busy["state"], busy["result"], busy["attempts"], busy["exit_status"]) == ("completed", {"ok": True}, 2, 0)
     assert busy["meta"]["earlier_attempts"] == ["busy, try again"] and busy["duration_ms"] > 0
     assert (fails["state"], fails["error"], fails["attempts"], fails["exit_status"]) == ("failed", "bad city", 1, 4)
-    assert fails["meta"]["isolation"] in ("rlimits", "bwrap") and fails["duration_ms"] > 0
+    assert fails["meta"]["isolation"] in ("namespaces", "bwrap") and fails["duration_ms"] > 0
 
 
 def test_a_runsync_image_reaches_the_model_as_media(

@@ -1,6 +1,6 @@
-"""The runIsolated sandbox against tools that misbehave on purpose, at each level (rlimits, and
-bubblewrap where it works): each attempt is contained and reported, and the test process (the
-worker) stays healthy."""
+"""The runIsolated sandbox against tools that misbehave on purpose, at each level (namespaces of
+its own without bubblewrap, and bubblewrap where it works): each attempt is contained and
+reported, and the test process (the worker) stays healthy."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def test_the_worker_secrets_are_not_in_the_tool_environment(
 
 
 def test_writing_outside_its_directory_is_refused(isolated: ToolRunner, level: str, tooldir: Path) -> None:
-    if level == "rlimits" and not own_uid_possible():
+    if level == "namespaces" and not own_uid_possible():
         pytest.skip("without bubblewrap only a root worker (which runs tools under their own uid) can refuse this")
     victim = tooldir / "worker-data.txt"
     victim.write_text("precious")
@@ -90,12 +90,8 @@ def test_writing_outside_its_directory_is_refused(isolated: ToolRunner, level: s
     home = run_tool(isolated, agent, "home")
     assert home.state == "completed" and not os.path.exists(home.result), "its own files go with its directory"
     out = run_tool(isolated, agent, "tmp")
-    if level == "bwrap":
-        assert out.state == "completed", out.error
-        assert not escape.exists(), "under bubblewrap /tmp is the sandbox's own"
-    else:
-        # Documented limit of the rlimits level: world-writable folders stay writable.
-        escape.unlink(missing_ok=True)
+    assert out.state == "completed", out.error
+    assert not escape.exists(), "/tmp is the run's own"
 
 
 def test_allocating_past_the_memory_limit_fails_the_call(isolated: ToolRunner) -> None:
@@ -106,7 +102,7 @@ def test_allocating_past_the_memory_limit_fails_the_call(isolated: ToolRunner) -
 
 
 def test_a_fork_bomb_is_capped_and_killed_at_the_timeout(isolated: ToolRunner, level: str) -> None:
-    if os.geteuid() == 0 and not own_uid_possible() and level == "rlimits":
+    if os.geteuid() == 0 and not own_uid_possible() and level == "namespaces":
         pytest.skip("a root worker could not give this interpreter its own uid: the process limit would not hold")
     marker = f"bomb-{uuid.uuid4().hex}"
     code = "import os, time\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        time.sleep(0.01)\n"
@@ -124,7 +120,7 @@ def test_a_fork_bomb_is_capped_and_killed_at_the_timeout(isolated: ToolRunner, l
 
 
 def test_forking_stops_at_the_process_limit(isolated: ToolRunner, level: str) -> None:
-    if os.geteuid() == 0 and not own_uid_possible() and level == "rlimits":
+    if os.geteuid() == 0 and not own_uid_possible() and level == "namespaces":
         pytest.skip("a root worker could not give this interpreter its own uid: the process limit would not hold")
     marker = f"forks-{uuid.uuid4().hex}"
     code = (
@@ -211,19 +207,21 @@ def test_a_root_worker_runs_each_tool_under_a_uid_of_its_own(isolated: ToolRunne
     assert second.result != first.result
 
 
-def test_under_bubblewrap_the_network_is_cut_unless_the_tool_asks_for_it(isolated: ToolRunner, level: str) -> None:
-    if level != "bwrap":
-        pytest.skip("documented limit: without bubblewrap an isolated tool reaches the worker's network")
+def test_the_network_is_cut_unless_the_tool_or_its_rule_asks_for_it(isolated: ToolRunner, level: str) -> None:
     import socket
 
     with socket.create_server(("127.0.0.1", 0)) as server:  # stands in for the worker's Redis
         port = server.getsockname()[1]
         code = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=3); print('connected')"
-        agent = make_agent([tool("cut", code), tool("allowed", code, network=True)])
+        agent = make_agent(
+            [tool("cut", code), tool("allowed", code, network=True), tool("by_rule", code)],
+            rules=[{"tool": "by_rule", "disposition": {"tag": "runIsolated", "network": True}}],
+        )
         cut = run_tool(isolated, agent, "cut")
         assert cut.state == "failed" and "Connection refused" in (cut.error or ""), (cut.state, cut.error)
-        allowed = run_tool(isolated, agent, "allowed")
-        assert allowed.state == "completed" and allowed.result == "connected", allowed.error
+        for name in ("allowed", "by_rule"):
+            allowed = run_tool(isolated, agent, name)
+            assert allowed.state == "completed" and allowed.result == "connected", allowed.error
 
 
 FORKING_HOG = """

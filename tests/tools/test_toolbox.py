@@ -178,4 +178,4 @@ def test_script_tools_run_in_the_sandbox_too(toolbox: Path) -> None:
     runner = ToolRunner(isolated=True, sandbox=Sandbox(SandboxConfig(bwrap="off")))
     out = run_tool(runner, agent, "bash_greet", {"name": "Bo"})
     assert out.state == "completed", out.error
-    assert out.result["argv"] == ["run", "--name", "Bo"] and out.meta["isolation"] == "rlimits"
+    assert out.result["argv"] == ["run", "--name", "Bo"] and out.meta["isolation"] == "namespaces"

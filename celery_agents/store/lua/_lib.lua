@@ -1,16 +1,18 @@
 -- Shared by every session script (prepended when scripts are loaded).
--- KEYS: the session keys, then the shared keys, in the order of store/keys.py; extra keys after.
+-- KEYS: the session keys, then the shared keys, in the order of store/keys.py, then the call's
+-- request key; extra keys after.
 -- ARGV[1] = now (seconds), ARGV[2] = events cap, ARGV[3] = session id; the rest per script.
 local K = {
   meta = KEYS[1], turns = KEYS[2], calls = KEYS[3], results = KEYS[4], pending = KEYS[5],
   journal = KEYS[6], events = KEYS[7], lease = KEYS[8],
   sessions = KEYS[9], pending_all = KEYS[10], deadlines = KEYS[11], owed = KEYS[12], dispatched = KEYS[13],
+  request = KEYS[20],
 }
 local STATE_KEYS = {
   ready = KEYS[14], tools = KEYS[15], waiting = KEYS[16],
   completed = KEYS[17], failed = KEYS[18], cancelled = KEYS[19],
 }
-local NKEYS = 19
+local NKEYS = 20
 local NOW = ARGV[1]
 local NOW_MS = math.floor(tonumber(ARGV[1]) * 1000)
 local MAXLEN = ARGV[2]
@@ -102,10 +104,27 @@ local function load_payload(from)
   local batch = redis.call('HMGET', K.meta, 'batch', 'batch_size')
   local calls, results = {}, {}
   if batch[1] and batch[2] and tonumber(batch[2]) > 0 then
-    local fields = {}
-    for p = 0, tonumber(batch[2]) - 1 do fields[#fields + 1] = batch[1] .. ':' .. p end
-    calls = redis.call('HMGET', K.calls, unpack(fields))
-    results = redis.call('HMGET', K.results, unpack(fields))
+    -- In slices: Lua's unpack takes a few thousand values at most, and a model may ask for more
+    -- calls than that in one response.
+    local size = tonumber(batch[2])
+    for first = 0, size - 1, 1000 do
+      local fields = {}
+      for p = first, math.min(first + 999, size - 1) do fields[#fields + 1] = batch[1] .. ':' .. p end
+      for _, v in ipairs(redis.call('HMGET', K.calls, unpack(fields))) do calls[#calls + 1] = v end
+      for _, v in ipairs(redis.call('HMGET', K.results, unpack(fields))) do results[#results + 1] = v end
+    end
   end
   return {meta, turns, calls, results, redis.call('GET', K.lease) or '', redis.call('HGETALL', K.journal)}
+end
+
+-- Run a writing script once per request id: a call retried after its reply was lost (the client
+-- retries on connection errors) gets the first call's reply back instead of running again, so
+-- the outcome a caller reports is the true one. Kept long enough for any retry to arrive.
+local REQUEST_TTL_S = 600
+local function once(body)
+  local seen = redis.call('GET', K.request)
+  if seen then return cjson.decode(seen) end
+  local reply = body()
+  redis.call('SET', K.request, cjson.encode(reply), 'EX', REQUEST_TTL_S)
+  return reply
 end

@@ -1,0 +1,130 @@
+"""One call of an MCP tool: from this process's connection to its server (runSync, runAsync), or
+through a one-shot client started in the sandbox together with a stdio server (runIsolated).
+
+The call's `_meta` carries `celery-agents/idempotencyKey` (stable across redeliveries of the same
+call), `celery-agents/sessionId` and `celery-agents/callId`, so a server can recognise a repeat.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+from celery_agents.model import AgentSpec, TrackedCall
+from celery_agents.model.agent import Limits, ToolSpec
+from celery_agents.scheduler.ports import CallOutcome
+from celery_agents.tools.mcp.pool import McpCallError, Target, pool
+from celery_agents.tools.mcp.results import outcome_of_result
+from celery_agents.tools.mcp.servers import target_for
+from celery_agents.tools.sandbox import Sandbox, SandboxRun, python_install, python_paths
+
+#: what the one-shot client runs in the sandbox (`python -I -B -c ONESHOT_BOOTSTRAP`, request on stdin)
+ONESHOT_BOOTSTRAP = (
+    "import sys, json; request = json.loads(sys.stdin.buffer.read()); sys.path[:0] = request['path']; "
+    "from celery_agents.tools.mcp.oneshot import main; main(request)"
+)
+#: seconds the sandbox allows past the call's timeout, for the one-shot client to stop its server
+_TEARDOWN = 5.0
+
+
+def call_meta(session_id: str, call: TrackedCall) -> dict[str, Any]:
+    return {
+        "celery-agents/idempotencyKey": call.idempotency_key(session_id),
+        "celery-agents/sessionId": session_id,
+        "celery-agents/callId": call.call_id,
+    }
+
+
+def failed(exc: McpCallError, duration_ms: float | None = None) -> CallOutcome:
+    meta: dict[str, Any] = {"retryable": exc.retryable}
+    if exc.timed_out:
+        meta["timed_out"] = True
+    return CallOutcome(state="failed", error=exc.message, duration_ms=duration_ms, meta=meta)
+
+
+def call_mcp(
+    agent: AgentSpec,
+    tool: ToolSpec,
+    args: dict[str, Any],
+    limits: Limits,
+    timeout: float,
+    session_id: str,
+    call: TrackedCall,
+    sandbox: Sandbox | None,
+) -> tuple[CallOutcome, SandboxRun | None]:
+    """The call's outcome, and how the sandbox ran it (None when it ran in this process)."""
+    ref = tool.mcp
+    server = agent.mcp_server(ref.server) if ref is not None else None
+    if ref is None or server is None:
+        return CallOutcome(state="failed", error=f"{tool.name}: its MCP server is not in the agent"), None
+    cap = limits.output_bytes or 1_000_000
+    started = time.monotonic()
+    try:
+        target = target_for(server, agent.base_dir)
+        if sandbox is not None:
+            return _isolated(sandbox, target, ref.tool, args, call_meta(session_id, call), limits, timeout, tool)
+        raw = pool().call(target, ref.tool, args, call_meta(session_id, call), timeout)
+    except McpCallError as exc:
+        return failed(exc, (time.monotonic() - started) * 1000), None
+    return outcome_of_result(raw, cap, (time.monotonic() - started) * 1000), None
+
+
+def _isolated(
+    sandbox: Sandbox,
+    target: Target,
+    tool: str,
+    args: dict[str, Any],
+    meta: dict[str, Any],
+    limits: Limits,
+    timeout: float,
+    spec: ToolSpec,
+) -> tuple[CallOutcome, SandboxRun]:
+    """Start the server and a one-shot client inside the sandbox, for this call only."""
+    paths = python_paths()
+    request = {
+        "path": paths,
+        "target": {"argv": list(target.argv), "env": dict(target.env), "cwd": target.cwd, "url": target.url},
+        "headers": dict(target.headers),
+        "label": target.label,
+        "tool": tool,
+        "arguments": args,
+        "meta": meta,
+        "timeout": timeout,
+    }
+    from celery_agents.tools.executor import _program_paths
+
+    run = sandbox.run(
+        [sys.executable, "-I", "-B", "-c", ONESHOT_BOOTSTRAP],
+        json.dumps(request).encode(),
+        call_env={},
+        env_names=spec.env,
+        limits=limits,
+        timeout=timeout + _TEARDOWN,
+        network=spec.network,
+        readable=[*python_install(), *([target.cwd] if target.cwd else [])],
+        needs=[sys.executable, *paths, *_program_paths(list(target.argv))],
+    )
+    proc = run.process
+    cap = limits.output_bytes or 1_000_000
+    try:
+        answer = json.loads(proc.stdout.decode(errors="replace"))
+    except json.JSONDecodeError:
+        answer = None
+    if isinstance(answer, dict) and "error" in answer:
+        err = McpCallError(str(answer["error"]), timed_out=bool(answer.get("timed_out")))
+        return failed(err, proc.duration_ms), run
+    if isinstance(answer, dict) and isinstance(answer.get("result"), dict):
+        return outcome_of_result(answer["result"], cap, proc.duration_ms), run
+    from celery_agents.tools.command import outcome_of
+
+    outcome = outcome_of(proc, timeout=timeout, limits=limits)
+    if outcome.state == "completed":
+        tail = proc.stderr.decode(errors="replace").strip()[-2000:]
+        outcome = CallOutcome(
+            state="failed",
+            error="the sandboxed MCP client gave no answer" + (f": {tail}" if tail else ""),
+            duration_ms=proc.duration_ms,
+        )
+    return outcome, run

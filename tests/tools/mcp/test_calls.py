@@ -1,0 +1,134 @@
+"""Calling MCP tools through `ToolRunner` against real servers: results (structured, text, images,
+errors), the idempotency key in `_meta`, servers kept per process and restarted when they die, a
+hung server cut off at the call's timeout, Streamable HTTP with headers from the environment, the
+third-party `mcp-server-time`, and a runIsolated call whose server starts inside the sandbox."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+import pytest
+
+from celery_agents.model import AgentSpec
+from celery_agents.tools import ToolRunner
+from tests.support.workers import pid_alive
+from tests.tools.mcp.conftest import TIME_SERVER, mcp_agent, mcp_call, sample_stdio
+
+
+@pytest.fixture(scope="module")
+def agent() -> AgentSpec:
+    return mcp_agent(
+        [sample_stdio(env={"MARKER": "from-the-agent-file"})],
+        rules=[{"tool": "mcp__sample__sleep", "disposition": {"tag": "runSync", "timeoutSeconds": 2}}],
+        executionMode="asynchronous",
+    )
+
+
+def run(agent: AgentSpec, tool: str, arguments: dict[str, Any], session: str = "s1", **kw: Any) -> Any:
+    return ToolRunner(**kw).run(agent, session, mcp_call(tool, arguments))
+
+
+def test_results_map_onto_tool_results(agent: AgentSpec) -> None:
+    added = run(agent, "mcp__sample__add", {"a": 2, "b": 40})
+    assert (added.state, added.result) == ("completed", {"result": 42}), "the structured result, as JSON"
+    image = run(agent, "mcp__sample__image", {})
+    assert image.state == "completed" and [m.mime_type for m in image.media] == ["image/png"]
+    assert image.result.startswith("attached: image/png"), "the model sees the image as media, not base64 text"
+
+
+def test_a_tool_error_is_a_failed_call_whose_text_the_model_sees(agent: AgentSpec) -> None:
+    out = run(agent, "mcp__sample__fail", {"why": "no disk"})
+    assert out.state == "failed" and (out.error or "").endswith("failed on purpose: no disk")
+
+
+def test_the_idempotency_key_travels_in_the_calls_meta(agent: AgentSpec) -> None:
+    out = run(agent, "mcp__sample__whoami", {}, session="sess-9")
+    assert out.state == "completed", out.error
+    meta = out.result["meta"]
+    assert meta["celery-agents/idempotencyKey"] == mcp_call("x", {}).idempotency_key("sess-9")
+    assert (meta["celery-agents/sessionId"], meta["celery-agents/callId"]) == ("sess-9", "call_1")
+    assert out.result["marker"] == "from-the-agent-file", "the server got the env of its entry"
+    assert "AGENTS_REDIS_URL" not in out.result["env"] and "OPENAI_API_KEY" not in out.result["env"]
+
+
+def test_a_server_is_reused_across_calls_and_sessions_and_restarted_when_it_died(agent: AgentSpec) -> None:
+    first = run(agent, "mcp__sample__whoami", {}, session="a").result["pid"]
+    assert run(agent, "mcp__sample__whoami", {}, session="b").result["pid"] == first, "one server per process"
+    assert first != os.getpid() and pid_alive(first)
+    os.kill(first, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while pid_alive(first) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    again = run(agent, "mcp__sample__whoami", {}, session="c")
+    assert again.state == "completed", again.error
+    assert again.result["pid"] != first, "a fresh server answered"
+
+
+def test_a_call_that_hangs_is_cut_off_at_its_timeout_and_the_next_call_works(agent: AgentSpec) -> None:
+    before = run(agent, "mcp__sample__whoami", {}).result["pid"]
+    started = time.monotonic()
+    out = run(agent, "mcp__sample__sleep", {"seconds": 60})
+    took = time.monotonic() - started
+    assert out.state == "failed" and out.meta.get("timed_out") and "did not answer within 2 s" in (out.error or "")
+    assert took < 10, f"cut off at the timeout, not after the tool's 60 s ({took:.1f} s)"
+    after = run(agent, "mcp__sample__whoami", {})
+    assert after.state == "completed" and after.result["pid"] != before, "the hung server was replaced"
+    deadline = time.monotonic() + 15
+    while pid_alive(before) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not pid_alive(before), "the hung server was stopped"
+
+
+def test_a_server_that_never_answers_is_cut_off_at_the_timeout() -> None:
+    listed = mcp_agent([sample_stdio()]).model_dump(mode="json", by_alias=True, exclude_none=True)
+    listed["mcpServers"] = [{"name": "sample", "command": [sys.executable, "-c", "import time; time.sleep(600)"]}]
+    listed["toolCallPolicy"] = {
+        "rules": [{"tool": "mcp__sample__add", "disposition": {"tag": "runSync", "timeoutSeconds": 2}}]
+    }
+    mute = AgentSpec.model_validate(listed)  # as a worker reads it: no listing
+    started = time.monotonic()
+    out = run(mute, "mcp__sample__add", {"a": 1, "b": 2})
+    assert out.state == "failed" and out.meta.get("timed_out"), out.error
+    assert "did not start within 2 s" in (out.error or "") and time.monotonic() - started < 10
+
+
+def test_the_third_party_time_server_over_stdio() -> None:
+    agent = mcp_agent([{"name": "time", "command": TIME_SERVER}])
+    out = run(agent, "mcp__time__get_current_time", {"timezone": "Europe/Paris"})
+    assert out.state == "completed", out.error
+    assert out.result["timezone"] == "Europe/Paris" and out.result["datetime"].startswith("20")
+    bad = run(agent, "mcp__time__get_current_time", {"timezone": "Mars/Olympus"})
+    assert bad.state == "failed" and "Mars/Olympus" in (bad.error or "")
+
+
+def test_a_streamable_http_server_gets_its_headers_from_the_environment(
+    http_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SAMPLE_TOKEN", "Bearer t0ken")
+    agent = mcp_agent([{"name": "web", "url": http_server, "headersEnv": {"Authorization": "SAMPLE_TOKEN"}}])
+    assert "t0ken" not in agent.to_json(), "the header's value is never stored, only its variable's name"
+    out = run(agent, "mcp__web__whoami", {})
+    assert out.state == "completed", out.error
+    assert out.result["authorization"] == "Bearer t0ken"
+    assert out.result["meta"]["celery-agents/callId"] == "call_1"
+    image = run(agent, "mcp__web__image", {})
+    assert [m.mime_type for m in image.media] == ["image/png"]
+    monkeypatch.delenv("SAMPLE_TOKEN")
+    missing = run(agent, "mcp__web__whoami", {})
+    assert missing.state == "failed" and "SAMPLE_TOKEN" in (missing.error or "")
+
+
+def test_an_isolated_call_starts_the_server_inside_the_sandbox_for_that_call(agent: AgentSpec) -> None:
+    mine = run(agent, "mcp__sample__whoami", {}).result["pid"]
+    out = run(agent, "mcp__sample__whoami", {}, session="iso", isolated=True)
+    assert out.state == "completed", out.error
+    assert out.meta["isolation"] in ("bwrap", "rlimits")
+    assert out.result["pid"] != mine and out.result["ppid"] != os.getpid(), "not this process's server"
+    assert out.result["meta"]["celery-agents/sessionId"] == "iso"
+    assert any(k.startswith("HOME") for k in out.result["env"])
+    image = run(agent, "mcp__sample__image", {}, isolated=True)
+    assert [m.mime_type for m in image.media] == ["image/png"]
