@@ -112,7 +112,12 @@ def diagnose(client: Any) -> dict[str, Any]:
                 "name": "persistence",
                 "ok": aof == "yes",
                 "detail": f"appendonly {aof}, appendfsync {fsync}"
-                + ("" if aof == "yes" else " — turn AOF on or a restart loses sessions and completions"),
+                + ("" if aof == "yes" else " — turn AOF on or a restart loses sessions and completions")
+                + (
+                    " (a power cut loses up to ~1 s of acknowledged writes; `always` loses none)"
+                    if aof == "yes" and fsync == "everysec"
+                    else ""
+                ),
             }
         )
     if policy is not None:
