@@ -601,7 +601,11 @@ def worker(
         step_threads=step_threads,
         loglevel=loglevel,
     )
-    raise typer.Exit(Supervisor(plan).run())
+    try:
+        code = Supervisor(plan).run()
+    except AgentsError as exc:  # the state Redis unreachable or unsafe: refuse to start
+        _fail(exc, False)
+    raise typer.Exit(code)
 
 
 @app.command("mcp-server")
