@@ -603,6 +603,21 @@ def worker(
     raise typer.Exit(Supervisor(plan).run())
 
 
+@app.command("mcp-server")
+def mcp_server(
+    wait: Annotated[
+        float, typer.Option("--wait", help="How long start_session waits for a session to settle (seconds).", min=0)
+    ] = 120.0,
+) -> None:
+    """Serve celery-agents as an MCP server on stdio: start_session, session_status, pending, complete."""
+    from celery_agents.mcp_server import serve_stdio
+
+    try:
+        serve_stdio(wait)
+    except AgentsError as exc:
+        _fail(exc, False)
+
+
 @app.command()
 def doctor(as_json: JsonOpt = False) -> None:
     """Check Redis, persistence settings, workers, queues, owed steps and rejected completions."""

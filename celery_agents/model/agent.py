@@ -346,6 +346,8 @@ class AgentSpec(_Spec):
     toolboxes: list[Toolbox] = Field(default_factory=list)
     #: models tried in order when `model` fails (after its own retries)
     fallback_models: list[FallbackModel] = Field(default_factory=list, alias="fallbackModels")
+    #: MCP tool servers; their tools are listed into `tools` when the file is loaded
+    mcp_servers: list[McpServer] = Field(default_factory=list, alias="mcpServers")
     #: fields of an agents-exe file that were accepted and not used (for a warning)
     _ignored: tuple[str, ...] = PrivateAttr(default=())
 
@@ -353,9 +355,6 @@ class AgentSpec(_Spec):
     def ignored_fields(self) -> tuple[str, ...]:
         """Fields of the file, written as paths, that agents-exe knows and celery-agents ignores."""
         return self._ignored
-
-    #: MCP tool servers; their tools are listed into `tools` when the file is loaded
-    mcp_servers: list[McpServer] = Field(default_factory=list, alias="mcpServers")
 
     @model_validator(mode="before")
     @classmethod
@@ -649,6 +648,7 @@ def parse_agent(data: Any, source: str = "<agent>", base_dir: str | None = None)
         raise InvalidAgentFile(f"{source}: (top level): not a usable agent file: {exc}", file=source) from None
     unknown: list[str] = []
     ignored: list[str] = []
+    data = normalise_servers(data)
     _check_fields(AgentSpec, data, "", unknown, ignored)
     if unknown:
         raise InvalidAgentFile("\n".join(f"{source}: {line}" for line in unknown), file=source)

@@ -15,10 +15,12 @@ import asyncio
 import atexit
 import concurrent.futures
 import contextlib
+import importlib.util
 import logging
 import os
 import tempfile
 import threading
+import time
 from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
 from typing import IO, Any, TypeVar
@@ -104,7 +106,9 @@ class _Connection:
                         w.cancel()
         except BaseException as exc:
             if not self.ready.done():
-                self.ready.set_exception(exc)
+                # Callers waiting for it get an error they can report, even when it was stopped.
+                failure = exc if isinstance(exc, Exception) else ConnectionAbortedError("stopped before it was ready")
+                self.ready.set_exception(failure)
             elif not isinstance(exc, asyncio.CancelledError | Exception):
                 raise
             else:
@@ -191,19 +195,29 @@ class McpPool:
 
     def _wait(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
         """Run `coro` on the loop; a cancelled session stops waiting (and the call) at once."""
+        if importlib.util.find_spec("mcp") is None:
+            coro.close()
+            raise McpCallError("MCP servers need the MCP SDK here: pip install 'celery-agents[mcp]'")
         future = asyncio.run_coroutine_threadsafe(coro, self._running_loop())
-        waited = 0.0
-        while True:
-            try:
-                return future.result(timeout=_POLL)
-            except concurrent.futures.TimeoutError:
-                waited += _POLL
-                if cancelled():
-                    future.cancel()
-                    raise McpCallError("the call was cancelled with its session") from None
-                if waited > timeout + _BACKSTOP:
-                    future.cancel()
-                    raise McpCallError(f"no answer within {timeout:g} s", timed_out=True, retryable=True) from None
+        give_up = time.monotonic() + timeout + _BACKSTOP
+        while not future.done():
+            concurrent.futures.wait([future], timeout=_POLL)
+            if future.done():
+                break
+            if cancelled():
+                future.cancel()
+                raise McpCallError("the call was cancelled with its session")
+            if time.monotonic() > give_up:
+                future.cancel()
+                raise McpCallError(f"no answer within {timeout:g} s", timed_out=True, retryable=True)
+        try:
+            return future.result()
+        except McpCallError:
+            raise
+        except concurrent.futures.CancelledError:
+            raise McpCallError("the call was stopped with its MCP server", retryable=True) from None
+        except Exception as exc:  # a fault of ours or of the SDK: still only this call fails
+            raise McpCallError(f"the MCP call failed: {exc!r}") from None
 
     # -- what callers use -----------------------------------------------------------------------
     def list_tools(self, target: Target, timeout: float) -> list[dict[str, Any]]:
@@ -229,7 +243,8 @@ class McpPool:
             self._loop = None
 
     # -- on the loop ---------------------------------------------------------------------------
-    async def _connection(self, target: Target) -> _Connection:
+    async def _connection(self, target: Target, timeout: float) -> _Connection:
+        """This process's open connection to `target`, started (and waited for) when there is none."""
         conn = self._conns.get(target.key)
         if conn is not None and (conn.closed.is_set() or conn.retired):
             self._retire(conn)
@@ -238,7 +253,16 @@ class McpPool:
             conn = _Connection(target, asyncio.get_running_loop())
             self._conns[target.key] = conn
             conn.task = asyncio.ensure_future(conn.run())
-        await asyncio.shield(conn.ready)
+        try:
+            await asyncio.wait_for(asyncio.shield(conn.ready), timeout)
+        except TimeoutError:
+            self._retire(conn)
+            raise McpCallError(
+                f"the MCP server {target.label} did not start within {timeout:g} s", timed_out=True, retryable=True
+            ) from None
+        except Exception as exc:
+            self._retire(conn)
+            raise McpCallError(_cannot_start(target, exc, conn.stderr_tail()), retryable=True) from None
         return conn
 
     def _retire(self, conn: _Connection) -> None:
@@ -257,21 +281,7 @@ class McpPool:
 
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        try:
-            conn = await asyncio.wait_for(self._connection(target), timeout)
-        except TimeoutError:
-            stuck = self._conns.get(target.key)
-            if stuck is not None and not stuck.ready.done():
-                self._retire(stuck)
-            raise McpCallError(
-                f"the MCP server {target.label} did not start within {timeout:g} s", timed_out=True, retryable=True
-            ) from None
-        except Exception as exc:
-            failed = self._conns.get(target.key)
-            tail = failed.stderr_tail() if failed is not None else ""
-            if failed is not None:
-                self._retire(failed)
-            raise McpCallError(_cannot_start(target, exc, tail), retryable=True) from None
+        conn = await self._connection(target, timeout)
         conn.in_flight += 1
         try:
             return await asyncio.wait_for(action(conn.ready.result(), *args), max(0.01, deadline - loop.time()))

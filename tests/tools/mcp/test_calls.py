@@ -132,3 +132,50 @@ def test_an_isolated_call_starts_the_server_inside_the_sandbox_for_that_call(age
     assert any(k.startswith("HOME") for k in out.result["env"])
     image = run(agent, "mcp__sample__image", {}, isolated=True)
     assert [m.mime_type for m in image.media] == ["image/png"]
+
+
+def test_an_isolated_call_of_an_http_server_needs_the_network_its_entry_allows(
+    http_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from celery_agents.tools import Sandbox, SandboxConfig
+
+    if Sandbox(SandboxConfig()).bwrap() is None:
+        pytest.skip("only bubblewrap cuts the network here")
+    monkeypatch.setenv("SAMPLE_TOKEN", "Bearer t0ken")
+    entry = {"name": "web", "url": http_server, "headersEnv": {"Authorization": "SAMPLE_TOKEN"}}
+    cut = run(mcp_agent([entry]), "mcp__web__add", {"a": 1, "b": 2}, isolated=True)
+    assert cut.state == "failed" and '"network": true' in (cut.error or "")
+    allowed = run(mcp_agent([{**entry, "network": True}]), "mcp__web__whoami", {}, isolated=True)
+    assert allowed.state == "completed", allowed.error
+    assert allowed.result["authorization"] == "Bearer t0ken"
+    rule = {"tool": "mcp__web__*", "disposition": {"tag": "runIsolated", "network": True}}
+    by_rule = run(
+        mcp_agent([entry], rules=[rule], executionMode="asynchronous"), "mcp__web__add", {"a": 1, "b": 2}, isolated=True
+    )
+    assert (by_rule.state, by_rule.result) == ("completed", {"result": 3}), "a rule's network: true opens it too"
+
+
+def test_pass_env_gives_a_stdio_server_a_secret_that_is_never_stored(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SAMPLE_SECRET", "s3cret-value")
+    monkeypatch.setenv("OTHER_SECRET", "not-for-the-server")
+    agent = mcp_agent([sample_stdio(name="keyed", passEnv=["SAMPLE_SECRET"])])
+    assert "s3cret-value" not in agent.to_json()
+    for isolated in (False, True):
+        out = run(agent, "mcp__keyed__whoami", {}, isolated=isolated)
+        assert out.state == "completed", out.error
+        assert "SAMPLE_SECRET" in out.result["env"] and "OTHER_SECRET" not in out.result["env"], isolated
+
+
+def test_a_call_stops_when_its_session_is_cancelled() -> None:
+    import threading
+
+    from celery_agents.tools.cancel import cancellable
+
+    long = mcp_agent([sample_stdio()])  # no timeout rule: the default 300 s
+    stop = threading.Event()
+    threading.Timer(1.0, stop.set).start()
+    started = time.monotonic()
+    with cancellable(stop):
+        out = run(long, "mcp__sample__sleep", {"seconds": 60})
+    assert out.state == "failed" and "cancelled" in (out.error or "")
+    assert time.monotonic() - started < 10
