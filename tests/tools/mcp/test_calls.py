@@ -179,3 +179,30 @@ def test_a_call_stops_when_its_session_is_cancelled() -> None:
         out = run(long, "mcp__sample__sleep", {"seconds": 60})
     assert out.state == "failed" and "cancelled" in (out.error or "")
     assert time.monotonic() - started < 10
+
+
+def test_calls_from_many_threads_share_one_server_and_a_timeout_spares_the_others(agent: AgentSpec) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    patient = mcp_agent(
+        [sample_stdio(env={"MARKER": "from-the-agent-file"})],  # the same server as `agent`'s
+        rules=[{"tool": "mcp__sample__sleep", "disposition": {"tag": "runSync", "timeoutSeconds": 60}}],
+        executionMode="asynchronous",
+    )
+    with ThreadPoolExecutor(8) as threads:
+        pids = set(
+            threads.map(lambda i: run(agent, "mcp__sample__whoami", {}, session=f"t{i}").result["pid"], range(8))
+        )
+    assert len(pids) == 1, "one server for every thread of the process"
+    with ThreadPoolExecutor(2) as threads:
+        hung = threads.submit(run, agent, "mcp__sample__sleep", {"seconds": 60})  # cut off at 2 s
+        time.sleep(0.5)
+        slow = threads.submit(run, patient, "mcp__sample__sleep", {"seconds": 4})
+        assert hung.result().meta.get("timed_out")
+        done = slow.result()
+    assert (done.state, done.result) == ("completed", {"result": "slept 4 s"}), "the other call finished first"
+    (pid,) = pids
+    deadline = time.monotonic() + 15
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not pid_alive(pid), "then the retired server was stopped"
