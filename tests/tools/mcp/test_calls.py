@@ -206,3 +206,10 @@ def test_calls_from_many_threads_share_one_server_and_a_timeout_spares_the_other
     while pid_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not pid_alive(pid), "then the retired server was stopped"
+
+
+def test_a_server_that_dies_during_a_call_fails_it_with_its_last_words_and_is_restarted(agent: AgentSpec) -> None:
+    out = run(agent, "mcp__sample__crash", {})
+    assert out.state == "failed" and "exited during the call" in (out.error or "")
+    assert "crashing on purpose" in (out.error or ""), "the model sees what the server said"
+    assert run(agent, "mcp__sample__add", {"a": 1, "b": 1}).result == {"result": 2}
