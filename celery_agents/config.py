@@ -77,6 +77,8 @@ class Settings:
     #: finished sessions (completed, failed, cancelled) not updated for this many days are deleted
     #: by the workers, a few per sweep; None keeps them forever
     retention_days: float | None = None
+    #: AGENTS_ALLOW_EVICTION=1: run on a Redis whose maxmemory-policy may evict keys
+    allow_eviction: bool = False
 
     @property
     def embedded(self) -> bool:
@@ -104,5 +106,6 @@ class Settings:
             max_prompt_bytes=_int_env("AGENTS_MAX_PROMPT_BYTES", ONE_MIB),
             spec_key=env.get("AGENTS_SPEC_KEY") or None,
             retention_days=max(_float_env("AGENTS_RETENTION_DAYS", 0.0), 0.0) or None,
+            allow_eviction=env.get("AGENTS_ALLOW_EVICTION") == "1",
         )
         return replace(s, **overrides) if overrides else s  # type: ignore[arg-type]

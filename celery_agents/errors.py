@@ -46,6 +46,12 @@ class InvalidResult(InvalidInput):
     code = "invalid_result"
 
 
+class InvalidEntry(InvalidInput):
+    """A completions stream entry that is not text (its bytes are not UTF-8)."""
+
+    code = "invalid_entry"
+
+
 class UnknownSession(AgentsError):
     code = "unknown_session"
     exit_code = 3
@@ -78,6 +84,14 @@ class SessionNotAdvanceable(AgentsError):
     """The session is cancelled, failed, completed or otherwise cannot take this command."""
 
     code = "session_not_advanceable"
+    exit_code = 5
+
+
+class UntrustedSpec(AgentsError):
+    """AGENTS_SPEC_KEY is set and a session's stored agent spec is not signed with it: nothing of
+    that spec runs (no tool, no model call)."""
+
+    code = "untrusted_agent_spec"
     exit_code = 5
 
 

@@ -6,6 +6,7 @@ import re
 import time
 from typing import Any
 
+from celery_agents.store import COMPLETIONS_GROUP, CompletionStream
 from celery_agents.tasks.config import QUEUES
 from celery_agents.tasks.queues import QueueProbe
 
@@ -15,6 +16,25 @@ _SANDBOX_PARTS = (
     ("namespaces", "namespaces of their own (network, other runs and the worker's processes hidden)"),
     ("bubblewrap", "bubblewrap (filesystem and network hidden)"),
 )
+
+
+#: a completion waiting longer than this is stuck: a live consumer applies one within a second,
+#: and takes over a dead consumer's within seconds
+COMPLETIONS_STUCK_S = 30.0
+
+
+def _completions_check(store: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The completions stream's consumer group: (check, figures)."""
+    cs = CompletionStream(store.client, store.keys.completions, COMPLETIONS_GROUP).state()
+    stuck = cs.oldest_s is not None and cs.oldest_s > COMPLETIONS_STUCK_S
+    unread = "?" if cs.lag is None else cs.lag
+    detail = f"{cs.waiting} waiting ({cs.pending} read but not acknowledged, {unread} unread)"
+    if cs.oldest_s is not None:
+        detail += f", oldest {cs.oldest_s:.0f} s"
+    if stuck:
+        detail += " — stuck: no worker applies them (is one running? see its log)"
+    figures = {"waiting": cs.waiting, "pending": cs.pending, "lag": cs.lag, "oldest_s": cs.oldest_s}
+    return {"name": "completions", "ok": not stuck, "detail": detail}, figures
 
 
 def _redact(url: str) -> str:
@@ -114,6 +134,16 @@ def diagnose(client: Any) -> dict[str, Any]:
         }
     )
     checks += [_sandbox_check(w) for w in workers if w.get("sandbox") is not None]
+    if not settings.embedded:
+        checks.append(
+            {
+                "name": "spec signing",
+                "ok": settings.spec_key is not None,  # a warning only: doctor does not fail on it
+                "detail": "agent specs are signed (AGENTS_SPEC_KEY)"
+                if settings.spec_key
+                else "AGENTS_SPEC_KEY is unset — whoever can write to this Redis can make workers run their code",
+            }
+        )
     probe = QueueProbe(settings, r)
     queues = {q: head.depth for q, head in probe.heads(QUEUES).items()}
     probe.close()
@@ -168,12 +198,24 @@ def diagnose(client: Any) -> dict[str, Any]:
             "detail": f"{owed} owed, {stuck} waiting longer than {settings.owed_grace:g} s",
         }
     )
+    completions_check, completions = _completions_check(store)
+    checks.append(completions_check)
+    poison = int(r.llen(k.poison))
+    checks.append(
+        {
+            "name": "poison messages",
+            "ok": poison == 0,  # a warning: the workers set them aside and went on
+            "detail": f"{poison} queue message(s) no worker could read, set aside in {k.poison}"
+            + (" — see them with LRANGE, then DEL the list" if poison else ""),
+        }
+    )
     last_rejected = [{"id": eid, **fields} for eid, fields in (r.xrevrange(k.rejected, count=5) if rejected else [])]
     return {
         "ok": all(
             c["ok"]
             for c in checks
-            if c["name"] in ("redis", "broker", "workers", "owed steps", "queues") or c.get("fails_doctor")
+            if c["name"] in ("redis", "broker", "workers", "owed steps", "queues", "completions")
+            or c.get("fails_doctor")
         ),
         "mode": "inline" if client.inline else "queue",
         "prefix": settings.prefix,
@@ -185,11 +227,16 @@ def diagnose(client: Any) -> dict[str, Any]:
         "pending_calls": pending,
         "overdue_deadlines": overdue,
         "rejected_completions": rejected,
+        "completions": completions,
+        "poison_messages": poison,
         "recent_rejections": last_rejected,
         "sessions": states,
         # MEMORY USAGE of the most recent sessions' keys, averaged: what one more session costs.
         "memory_per_session_bytes": sampled_bytes // sampled if sampled else None,
-        "retention_days": settings.retention_days,
+        # The workers purge: their setting is the one that holds (the shortest, if they differ).
+        "retention_days": min(
+            (w["retention_days"] for w in workers if w.get("retention_days")), default=settings.retention_days
+        ),
     }
 
 

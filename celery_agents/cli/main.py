@@ -270,7 +270,7 @@ def _interrupted(client: Any, session_id: str | None) -> NoReturn:
         )
     else:
         err.print(
-            f"interrupted: session {session_id} goes on on the workers.\n"
+            f"interrupted: session {session_id} goes on: the workers drive it.\n"
             f"  follow it:   agents session logs {session_id} --follow\n"
             f"  see it:      agents session show {session_id}\n"
             f"  stop it:     agents session pause {session_id}"

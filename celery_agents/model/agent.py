@@ -534,8 +534,8 @@ def describe_validation_error(source: str, exc: ValidationError) -> str:
 #: Names a model accepts besides its fields and aliases (folded in by its "before" validators).
 _ALSO_ACCEPTED: dict[str, frozenset[str]] = {
     # toolCallPolicyConfig, toolDirectory and bashToolboxes: the agents-exe spellings.
-    # subAgents/extraAgents, maxDepth, description, mcpServers, maxToolCallsPerTurn: fields of this
-    # release implemented in their own modules; known here so that no file using them is refused.
+    # subAgents/extraAgents, maxDepth, description: sub-agent fields of this release, known here so
+    # that no file using them is refused where they are not implemented yet.
     "AgentSpec": frozenset(
         {
             "toolCallPolicyConfig",
@@ -545,11 +545,8 @@ _ALSO_ACCEPTED: dict[str, frozenset[str]] = {
             "extraAgents",
             "maxDepth",
             "description",
-            "mcpServers",
-            "maxToolCallsPerTurn",
         }
     ),
-    "PolicyRule": frozenset({"network"}),
 }
 
 #: Fields of agents-exe agent files that celery-agents does not use: accepted with a warning.

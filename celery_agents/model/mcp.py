@@ -88,6 +88,8 @@ class McpServer(BaseModel):
                     f"headersEnv maps a header to the environment variable holding its value "
                     f'(e.g. {{"Authorization": "SEARCH_TOKEN"}}); {header!r}: {variable!r} is not that'
                 )
+            if variable.upper().startswith("AGENTS_"):
+                raise ValueError(f"headersEnv names {variable}, a setting of the worker, never sent to a server")
         return value
 
     @model_validator(mode="after")

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 
+from redis.exceptions import LockError
+
+from celery_agents.errors import UntrustedSpec
 from celery_agents.model import CallState, TrackedCall
 from celery_agents.runtime.lease import LeaseKeeper
 from celery_agents.scheduler.ports import ToolPort
@@ -35,13 +39,19 @@ def run_call(store: Store, session_id: str, field: str, tools: ToolPort, owner: 
     if not is_pending or status != "active":
         return CallRun(status="already", call=call)
     lease_key = k.call_lease(session_id, field)
-    lease_ms = int(store.settings.lease_seconds * 1000)
-    if not store.client.set(lease_key, owner, nx=True, px=lease_ms):
+    lease = store.lock(lease_key, store.settings.lease_seconds)
+    if not lease.acquire(blocking=False, token=owner):
         return CallRun(status="busy", call=call)
     # Picked up: if the lease lapses before an outcome is recorded, this worker died.
     store.client.set(k.call_started(session_id, field), owner, ex=86400)
     try:
-        agent = store.agent(agent_hash)
+        try:
+            agent = store.agent(agent_hash)
+        except UntrustedSpec as exc:
+            body = outcome_json(CallState.FAILED, error=f"not run: {exc.message}", now=time.time(), attempts=0)
+            event = {"call_id": call.call_id, "tool": call.tool, "state": CallState.FAILED.value}
+            finished = store.record_result(session_id, field, body, event)
+            return CallRun(status=finished.status, finished=finished, call=call)
         started = time.time()
         pending_key = k.pending(session_id)
 
@@ -75,5 +85,5 @@ def run_call(store: Store, session_id: str, field: str, tools: ToolPort, owner: 
         )
         return CallRun(status=finished.status, finished=finished, call=call)
     finally:
-        if store.client.get(lease_key) == owner:
-            store.client.delete(lease_key)
+        with contextlib.suppress(LockError):  # it lapsed, maybe another worker holds it now: not ours
+            lease.release()

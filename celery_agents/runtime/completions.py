@@ -4,8 +4,9 @@ systems write to with nothing but a Redis client:
     XADD agents:completions * token <TOKEN> result <JSON-or-text> [error <message>] [by <name>]
 
 Workers read that stream through a consumer group: an entry is applied with the same atomic script
-as the CLI, then acknowledged and deleted; entries a dead worker had read are claimed by another
-after `claim_idle` seconds. Entries that change nothing are recorded in `completions:rejected`.
+as the CLI, then acknowledged and deleted, whatever its bytes; entries a dead worker had read are
+taken over and applied first by the next consumer. Entries that change nothing are recorded in
+`completions:rejected` with the reason.
 """
 
 from __future__ import annotations
@@ -14,18 +15,19 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import redis
 
-from celery_agents.errors import AgentsError, InvalidResult, TokenExpired
+from celery_agents.errors import AgentsError, InvalidEntry, InvalidResult, TokenExpired
 from celery_agents.model import CompletionOutcome
 from celery_agents.model.limits import UnusableJson, check_depth, load_json
-from celery_agents.store import Store, completion_json
+from celery_agents.runtime.faults import checkpoint
+from celery_agents.store import COMPLETIONS_GROUP, CompletionStream, Store, completion_json
 
 log = logging.getLogger("celery_agents.completions")
 
-GROUP = "celery-agents"
+GROUP = COMPLETIONS_GROUP
 Wake = Callable[[str, int], None]
 
 
@@ -91,80 +93,85 @@ def complete(
 
 
 class CompletionConsumer:
-    """Applies the entries of the `completions` stream, exactly once each in effect."""
+    """Applies the entries of the `completions` stream, exactly once each in effect.
 
-    def __init__(
-        self, store: Store, name: str, wake: Wake | None = None, claim_idle: float = 30.0, batch: int = 100
-    ) -> None:
+    Whatever an entry's bytes, it is applied or rejected (recorded in `completions:rejected` with a
+    reason), then acknowledged and deleted; only a Redis failure leaves it pending. A new consumer
+    first takes over and applies every entry other consumers read and did not acknowledge (a
+    consumer that died), oldest first, and only then reads new ones: entries apply in stream order
+    across a takeover, so of two completions of one token the first written wins."""
+
+    def __init__(self, store: Store, name: str, wake: Wake | None = None, batch: int = 100) -> None:
         self.store, self.name, self.wake = store, name, wake
-        self.claim_idle_ms = int(claim_idle * 1000)
         self.batch = batch
-        self._group_ready = False
-        self._last_claim = 0.0
-
-    def _ensure_group(self) -> None:
-        if self._group_ready:
-            return
-        try:
-            self.store.client.xgroup_create(self.store.keys.completions, GROUP, id="0", mkstream=True)
-        except redis.ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
-        self._group_ready = True
+        self.stream = CompletionStream(store.client, store.keys.completions, GROUP)
+        self._taken_over = False
 
     def poll(self, block_ms: int | None = None) -> int:
-        """Apply what is waiting (claiming entries idle too long first); returns how many."""
-        self._ensure_group()
-        client, key = self.store.client, self.store.keys.completions
-        entries: list[tuple[str, dict[str, str]]] = []
-        now = time.monotonic()
-        if now - self._last_claim >= self.claim_idle_ms / 3000:
-            self._last_claim = now
-            claimed = client.xautoclaim(key, GROUP, self.name, self.claim_idle_ms, "0-0", count=self.batch)
-            entries.extend(e for e in claimed[1] if e and e[1])
+        """Apply what waits; returns how many entries were handled."""
+        entries = []
+        if not self._taken_over:
+            self.stream.ensure_group()
+            entries = self.stream.claim_all(self.name, self.batch)
+            self._taken_over = True
         try:
-            # Decoded RESP2 reply (redis-py types it as any protocol's): [[stream, [(id, fields), ...]]],
-            # or nothing once the block ran out.
-            res = cast(
-                "list[tuple[str, list[tuple[str, dict[str, str]]]]] | None",
-                client.xreadgroup(GROUP, self.name, {key: ">"}, count=self.batch, block=block_ms),
-            )
+            entries += self.stream.read_new(self.name, self.batch, None if entries else block_ms)
         except redis.ResponseError as exc:
             if "NOGROUP" not in str(exc):
                 raise
-            self._group_ready = False
-            return 0
-        for _stream, items in res or []:
-            entries.extend(items)
+            self._taken_over = False  # the stream was deleted meanwhile: make the group again
+        if entries:
+            checkpoint("completion_read", self.store, entries[0][0])
         for eid, fields in entries:
             self.apply(eid, fields)
         return len(entries)
 
-    def apply(self, entry_id: str, fields: dict[str, str]) -> CompletionOutcome | None:
-        """Apply one entry; acknowledged once applied or rejected. A Redis failure leaves it pending
-        in the group, to be claimed again."""
+    def apply(self, entry_id: str, raw_fields: dict[bytes, bytes]) -> CompletionOutcome | None:
+        """Apply one entry, or record why not; then acknowledge it. A Redis failure leaves it
+        pending in the group, to be taken over."""
         store = self.store
-        token = (fields.get("token") or "").strip()
-        by = fields.get("by") or ""
+        token, by = (_shown(raw_fields.get(name, b"")).strip() for name in (b"token", b"by"))
+        done: CompletionOutcome | None = None
         try:
-            if not token:
-                raise InvalidResult("the entry has no token field")
-            error = fields.get("error")
-            if error:
-                result: Any = error
-            elif fields.get("result") is None:
-                raise InvalidResult("the entry has no result field")
-            else:
-                result = parse_result_text(fields["result"], store.settings.max_result_bytes)
-            done: CompletionOutcome | None = complete(
-                store, token, result, is_error=bool(error), by=by or None, wake=self.wake
-            )
+            fields = decode_entry(raw_fields)
+            token, by = (fields.get("token") or "").strip(), fields.get("by") or ""
+            result, is_error = _result(fields, store.settings.max_result_bytes), bool(fields.get("error"))
+            done = complete(store, token, result, is_error=is_error, by=by or None, wake=self.wake)
         except AgentsError as exc:
-            store.record_rejection(token, exc.code, exc.message, by=by, entry=entry_id)
-            log.info("completion %s rejected: %s", entry_id, exc.message)
-            done = None
-        pipe = store.client.pipeline(transaction=False)
-        pipe.xack(store.keys.completions, GROUP, entry_id)
-        pipe.xdel(store.keys.completions, entry_id)
-        pipe.execute()
+            self._reject(entry_id, token, by, exc.code, exc.message)
+        except (redis.ConnectionError, redis.TimeoutError):
+            raise
+        except Exception as exc:  # a bug or a script error on this entry: never block the stream on it
+            log.exception("completion %s could not be applied", entry_id)
+            self._reject(entry_id, token, by, "apply_failed", f"{type(exc).__name__}: {exc}")
+        self.stream.ack(entry_id)
         return done
+
+    def _reject(self, entry_id: str, token: str, by: str, reason: str, message: str) -> None:
+        self.store.record_rejection(token, reason, message, by=by, entry=entry_id)
+        log.info("completion %s rejected (%s): %s", entry_id, reason, message)
+
+
+def decode_entry(raw_fields: dict[bytes, bytes]) -> dict[str, str]:
+    """An entry's fields as text; an entry that is not UTF-8 is refused (`invalid_entry`)."""
+    fields: dict[str, str] = {}
+    for name, value in raw_fields.items():
+        try:
+            fields[name.decode("utf-8")] = value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InvalidEntry(f"the field {_shown(name)!r} is not UTF-8 text") from None
+    return fields
+
+
+def _result(fields: dict[str, str], max_bytes: int) -> Any:
+    if not fields.get("token", "").strip():
+        raise InvalidResult("the entry has no token field")
+    if fields.get("error"):
+        return fields["error"]
+    if fields.get("result") is None:
+        raise InvalidResult("the entry has no result field")
+    return parse_result_text(fields["result"], max_bytes)
+
+
+def _shown(raw: bytes) -> str:
+    return raw.decode("utf-8", "backslashreplace")

@@ -18,14 +18,19 @@ from celery_agents.store.store import (
     outcome_json,
     parse_token,
 )
+from celery_agents.store.stream import COMPLETIONS_GROUP, CompletionStream, GroupState, RawEntry
 
 __all__ = [
+    "COMPLETIONS_GROUP",
     "FINISHED_STATES",
+    "CompletionStream",
     "EmbeddedRedis",
     "Finished",
+    "GroupState",
     "Keys",
     "LeaseLost",
     "Loaded",
+    "RawEntry",
     "Store",
     "broker_url",
     "check_session_id",

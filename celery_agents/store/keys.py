@@ -138,6 +138,10 @@ class Keys:
         """String: an agent spec (canonical JSON), stored once per content hash."""
         return f"{self.prefix}:agent:{content_hash}"
 
+    def agent_signature(self, content_hash: str) -> str:
+        """String: the HMAC-SHA256 of the spec under `agent(content_hash)` (AGENTS_SPEC_KEY)."""
+        return f"{self.prefix}:agent:{content_hash}:sig"
+
     @property
     def completions(self) -> str:
         """Stream other systems XADD completions to (`token`, `result`, `error`, `by`)."""
@@ -159,6 +163,12 @@ class Keys:
 
     def lock(self, name: str) -> str:
         return f"{self.prefix}:lock:{name}"
+
+    @property
+    def poison(self) -> str:
+        """List: queue messages no worker could read, set aside with their queue and the reason
+        (JSON, newest first, capped); written by `tasks/broker.py` through the broker's prefix."""
+        return f"{self.celery_prefix}poison"
 
     @property
     def celery_prefix(self) -> str:

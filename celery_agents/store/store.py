@@ -7,7 +7,6 @@ Every write that must be atomic is one script of `store/lua/`; reads are single 
 from __future__ import annotations
 
 import json
-import os
 import re
 import secrets
 import time
@@ -15,10 +14,11 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import redis
 from pydantic import TypeAdapter
+from redis.lock import Lock
 
 from celery_agents.config import Settings
 from celery_agents.errors import (
@@ -28,6 +28,7 @@ from celery_agents.errors import (
     SessionNotAdvanceable,
     UnknownSession,
     UnknownToken,
+    UntrustedSpec,
 )
 from celery_agents.model import (
     AgentSpec,
@@ -47,6 +48,7 @@ from celery_agents.model import (
 )
 from celery_agents.store.keys import Keys
 from celery_agents.store.scripts import Scripts
+from celery_agents.store.signing import sign_spec, spec_verifies
 
 #: A step's journal outlives any step that could still reuse it (redelivery comes within hours).
 JOURNAL_TTL_S = 86400
@@ -107,6 +109,22 @@ class Finished:
     remaining: int = 0
     woken: bool = False
     version: int = 0
+
+
+#: what the sweeper does with an outbox entry or a dispatched call (store/lua/sweep_*.lua)
+SweepVerdict = Literal["settled", "running", "waiting", "republish"]
+
+
+@dataclass
+class Swept:
+    """One outbox entry (`field` None) or dispatched call as the sweeper settled it; `version` is
+    the step to publish again, `call` the call to publish again."""
+
+    session_id: str
+    verdict: SweepVerdict
+    field: str | None = None
+    version: int = 0
+    call: TrackedCall | None = None
 
 
 def _s(value: Any) -> str:
@@ -219,14 +237,22 @@ class Store:
 
     # -- plumbing ----------------------------------------------------------------------------
     def _run(
-        self, name: str, sid: str, args: list[Any], extra_keys: tuple[str, ...] = (), now: float | None = None
+        self,
+        name: str,
+        sid: str,
+        args: list[Any],
+        extra_keys: tuple[str, ...] = (),
+        now: float | None = None,
+        pipe: Any = None,
     ) -> Any:
         now = time.time() if now is None else now
         # One id per call: the client's retries after a lost reply resend it, and the script
         # answers them with the first reply (`once` in store/lua/_lib.lua).
         keys = self.keys.script_keys(sid, uuid.uuid4().hex, *extra_keys)
         try:
-            return self.scripts.run(name, keys, [repr(now), self.settings.events_maxlen, sid, *args])
+            return self.scripts.run(
+                name, keys, [repr(now), self.settings.events_maxlen, sid, *args], client=pipe
+            )
         except redis.ConnectionError as exc:
             raise RedisUnavailable(f"cannot reach Redis: {exc}") from exc
 
@@ -241,9 +267,19 @@ class Store:
         """The agent spec stored under a hash, cached in this process (specs never change)."""
         spec = self._agents.get(content_hash)
         if spec is None:
-            raw = self.client.get(self.keys.agent(content_hash))
+            key = self.settings.spec_key
+            raw, signature = cast(
+                "list[str | None]",
+                self.client.mget([self.keys.agent(content_hash), self.keys.agent_signature(content_hash)]),
+            )
             if raw is None:
                 raise UnknownSession(f"the agent spec {content_hash} is missing from Redis")
+            if key is not None and not spec_verifies(key, raw, signature):
+                raise UntrustedSpec(
+                    f"the agent spec {content_hash} is not signed with this worker's AGENTS_SPEC_KEY: nothing of it "
+                    "runs (store it again through the CLI or the API with the key set)",
+                    agent_hash=content_hash,
+                )
             spec = AgentSpec.from_json(raw)
             self._agents[content_hash] = spec
         return spec
@@ -261,6 +297,7 @@ class Store:
     ) -> SessionHeader:
         now = time.time() if now is None else now
         sid = check_session_id(session_id) if session_id else new_session_id()
+        spec_json = agent.to_json()
         content_hash = agent.content_hash()
         header = SessionHeader(
             session_id=sid,
@@ -280,10 +317,11 @@ class Store:
             [
                 json.dumps(header_to_hash(header)),
                 turn.model_dump_json(exclude_none=True),
-                agent.to_json(),
+                spec_json,
                 "1" if owe else "0",
+                sign_spec(self.settings.spec_key, spec_json) if self.settings.spec_key else "",
             ],
-            extra_keys=(self.keys.agent(content_hash), self.keys.ids),
+            extra_keys=(self.keys.agent(content_hash), self.keys.ids, self.keys.agent_signature(content_hash)),
             now=now,
         )
         if res[0] != "ok":
@@ -712,13 +750,39 @@ class Store:
                 out.append({"name": name, **beat})
         return out
 
-    def touch_dispatched(self, session_id: str, field: str, now: float) -> None:
-        self.client.zadd(self.keys.dispatched, {f"{session_id} {field}": int(now * 1000)}, xx=True)
+    def sweep_owed(self, candidates: list[tuple[str, bool]], now: float) -> list[Swept]:
+        """Settle outbox entries atomically, each (session id, whether a step no worker picked up
+        counts as lost); one round trip. See `sweep_owed.lua`."""
+        pipe = self.client.pipeline(transaction=False)
+        for sid, lost in candidates:
+            self._run("sweep_owed", sid, ["1" if lost else "0"], now=now, pipe=pipe)
+        return [
+            Swept(sid, res[0], version=int(res[1]) if res[0] == "republish" else 0)
+            for (sid, _), res in zip(candidates, pipe.execute(), strict=True)
+        ]
+
+    def sweep_dispatched(self, candidates: list[tuple[str, str, bool]], now: float) -> list[Swept]:
+        """Settle dispatched calls atomically, each (session id, field, whether a call no worker
+        started counts as lost); one round trip. See `sweep_dispatched.lua`."""
+        pipe = self.client.pipeline(transaction=False)
+        k = self.keys
+        for sid, field, lost in candidates:
+            extra = (k.call_lease(sid, field), k.call_started(sid, field))
+            self._run("sweep_dispatched", sid, [field, "1" if lost else "0"], extra, now=now, pipe=pipe)
+        return [
+            Swept(
+                sid,
+                res[0],
+                field=field,
+                call=TrackedCall.model_validate_json(res[1]) if res[0] == "republish" else None,
+            )
+            for (sid, field, _), res in zip(candidates, pipe.execute(), strict=True)
+        ]
 
     def check_eviction(self) -> None:
         """Refuse a Redis that may evict keys (session state would vanish silently under memory
         pressure), unless AGENTS_ALLOW_EVICTION=1. A server without a memory limit never evicts."""
-        if os.environ.get("AGENTS_ALLOW_EVICTION") == "1":
+        if self.settings.allow_eviction:
             return
         try:
             cfg = self.client.config_get("maxmemory*")
@@ -730,6 +794,11 @@ class Store:
                 f"this Redis may evict keys (maxmemory-policy {policy}): session state and completions could be "
                 "lost. Set `maxmemory-policy noeviction`, or AGENTS_ALLOW_EVICTION=1 to run anyway."
             )
+
+    def lock(self, key: str, seconds: float) -> Lock:
+        """A lock on `key` (`keys.lock(name)`, a call's lease...) that expires after `seconds`
+        unless extended; released atomically, only by the token that holds it."""
+        return Lock(self.client, key, timeout=seconds, thread_local=False)
 
     def owed(self, older_than: float, limit: int = 200) -> list[str]:
         return list(

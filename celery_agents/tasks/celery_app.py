@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from celery_agents.config import Settings
+from celery_agents.tasks import broker
 from celery_agents.tasks.config import make_app
 
+# Only workers consume: the CLI publishes through `tasks.config` and never imports this module.
+broker.install()
 settings = Settings.from_env()
 app = make_app(settings)
 

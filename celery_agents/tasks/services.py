@@ -16,8 +16,11 @@ from collections.abc import Iterator
 from typing import Any, cast
 
 from celery.signals import worker_init, worker_ready, worker_shutdown
+from redis.exceptions import LockError
+from redis.lock import Lock
 
 from celery_agents.config import Settings
+from celery_agents.errors import RedisUnavailable
 from celery_agents.model import TrackedCall, build_schemas
 from celery_agents.runtime.completions import CompletionConsumer
 from celery_agents.store import FINISHED_STATES, EmbeddedRedis, Store
@@ -40,7 +43,9 @@ def sweep_once(
     cannot be waiting in its queue: the queue is empty, or its oldest message was published after
     this entry was committed (queues are first in, first out) — the message was lost between
     commit and publish. At the latest it goes again after `lost_grace`. A message that may merely
-    be waiting in a busy queue is left alone: duplicates would only add load."""
+    be waiting in a busy queue is left alone: duplicates would only add load. The decision and its
+    bookkeeping are one script per entry (store/lua/sweep_*.lua): a published copy counts as not
+    picked up, so it is not published again at every sweep while it waits in its queue."""
     now = time.time() if now is None else now
     counts = {"owed": 0, "redispatched": 0, "expired": 0}
     k = store.keys
@@ -66,46 +71,33 @@ def sweep_once(
     # The client decodes replies (store/connection.py): members are `str`, where redis-py says `bytes | str`.
     owed = cast("list[tuple[str, float]]", r.zrangebyscore(k.owed, "-inf", cutoff, start=0, num=200, withscores=True))
     if owed:
-        pipe = r.pipeline(transaction=False)
-        for sid, _ in owed:
-            pipe.hmget(k.meta(sid), ["version", "status", "owed_version", "picked"])
-            pipe.exists(k.lease(sid))
-        rows = pipe.execute()
         waiting = heads.get("steps", QueueHead(None))
-        for i, (sid, score) in enumerate(owed):
-            (version, status, owed_version, picked), leased = rows[2 * i], rows[2 * i + 1]
-            if version is None or status != "active" or owed_version != version:
-                r.zrem(k.owed, sid)
-            elif not leased and (picked == version or waiting.cannot_hold(score, margin_ms) or score <= lost_cutoff):
-                dispatcher.step(sid, int(version), request="sweeper")
-                store.touch_owed(sid, now)
+        lost = [(sid, waiting.cannot_hold(score, margin_ms) or score <= lost_cutoff) for sid, score in owed]
+        for swept in store.sweep_owed(lost, now):
+            if swept.verdict == "republish":
+                dispatcher.step(swept.session_id, swept.version, request="sweeper")
                 counts["owed"] += 1
 
     dispatched = cast(
         "list[tuple[str, float]]", r.zrangebyscore(k.dispatched, "-inf", cutoff, start=0, num=200, withscores=True)
     )
     if dispatched:
+        # Which queue a call waits in depends on its disposition: read the calls first.
+        members = [(*member.split(" ", 1), score) for member, score in dispatched]
+        rows = cast("list[tuple[str, str, float]]", members)  # members are "<session id> <field>"
         pipe = r.pipeline(transaction=False)
-        for member, _ in dispatched:
-            sid, field = member.split(" ", 1)
-            pipe.sismember(k.pending(sid), field)
-            pipe.exists(k.call_lease(sid, field))
-            pipe.exists(k.call_started(sid, field))
+        for sid, field, _ in rows:
             pipe.hget(k.calls(sid), field)
-        rows = pipe.execute()
+        raws = pipe.execute()
         unknown = QueueHead(None)
         by_disposition = {"runAsync": heads.get("tools", unknown), "runIsolated": heads.get("isolated", unknown)}
-        for i, (member, score) in enumerate(dispatched):
-            sid, field = member.split(" ", 1)
-            is_pending, leased, started, raw = rows[4 * i : 4 * i + 4]
-            if not is_pending or raw is None:
-                r.zrem(k.dispatched, member)
-                continue
-            call = TrackedCall.model_validate_json(raw)
-            head = by_disposition.get(call.disposition)
-            if not leased and (started or head is None or head.cannot_hold(score, margin_ms) or score <= lost_cutoff):
-                dispatcher.call(sid, call)
-                store.touch_dispatched(sid, field, now)
+        candidates = []
+        for (sid, field, score), raw in zip(rows, raws, strict=True):
+            head = by_disposition.get(TrackedCall.model_validate_json(raw).disposition) if raw else unknown
+            candidates.append((sid, field, head is None or head.cannot_hold(score, margin_ms) or score <= lost_cutoff))
+        for swept in store.sweep_dispatched(candidates, now):
+            if swept.verdict == "republish" and swept.call is not None:
+                dispatcher.call(swept.session_id, swept.call)
                 counts["redispatched"] += 1
 
     for sid, finished in store.expire_due(now):
@@ -165,7 +157,13 @@ class WorkerServices:
                 store = worker_context(self.settings).store
                 probe = probe or QueueProbe(self.settings, store.client)
                 now = time.time()
-                beat = {"pid": os.getpid(), "host": socket.gethostname(), "at": now, "queues": self.queues}
+                beat = {
+                    "pid": os.getpid(),
+                    "host": socket.gethostname(),
+                    "at": now,
+                    "queues": self.queues,
+                    "retention_days": self.settings.retention_days,
+                }
                 if "isolated" in self.queues:
                     beat["sandbox"] = self._sandbox()
                 store.client.hset(store.keys.workers, self.name, json.dumps(beat))
@@ -213,39 +211,40 @@ class WorkerServices:
 
         One worker at a time consumes (a lock renewed while it does), so entries are applied in
         stream order: of two completions of one token, the first written wins. Another worker takes
-        over within seconds, claiming what the previous one had read but not acknowledged."""
+        over within seconds, applying first what the previous one had read but not acknowledged."""
         dispatcher = Dispatcher(app)
         consumer: CompletionConsumer | None = None
-        lock_ms = 5000
+        lock: Lock | None = None
+        held = False
         while not self._stop.is_set():
             try:
                 store = worker_context(self.settings).store
-                lock = store.keys.lock("completions")
-                holder = store.client.set(lock, self.name, nx=True, px=lock_ms) or store.scripts.run(
-                    "lease_renew", [lock], [self.name, lock_ms]
-                )
-                if not holder:
+                lock = lock or store.lock(store.keys.lock("completions"), seconds=5.0)
+                held = _hold(lock, held, self.name)
+                if not held:
                     consumer = None
                     self._stop.wait(0.5)
                     continue
                 if consumer is None:
-                    consumer = CompletionConsumer(
-                        store,
-                        self.name,
-                        claim_idle=2 * lock_ms / 1000,
-                        wake=lambda sid, v: dispatcher.step(sid, v, "wake"),
-                    )
+                    consumer = CompletionConsumer(store, self.name, wake=lambda sid, v: dispatcher.step(sid, v, "wake"))
                 consumer.poll(block_ms=250)  # short: a stopping worker waits for it
             except Exception:
                 log.exception("applying completions failed; retrying")
                 consumer = None
                 self._stop.wait(1.0)
+        if lock is not None and held:
+            with contextlib.suppress(Exception):  # expired or Redis gone: it lapses on its own
+                lock.release()
+
+
+def _hold(lock: Lock, held: bool, name: str) -> bool:
+    """Keep (extend) or take the lock; False when another worker holds it."""
+    if held:
         try:
-            store = worker_context(self.settings).store
-            if store.client.get(store.keys.lock("completions")) == self.name:
-                store.client.delete(store.keys.lock("completions"))
-        except Exception:
-            pass
+            return bool(lock.reacquire())
+        except LockError:  # it lapsed while this worker stalled: whoever took it consumes now
+            return False
+    return bool(lock.acquire(blocking=False, token=name))
 
 
 _services: WorkerServices | None = None
@@ -287,7 +286,12 @@ def _on_worker_init(**_: Any) -> None:
     if _child_role is None:
         if settings.embedded:
             _embedded = EmbeddedRedis(settings.home).acquire()
-        worker_context(settings).store.check_eviction()
+        try:
+            worker_context(settings).store.check_eviction()
+        except RedisUnavailable as exc:
+            # Celery logs and ignores what a worker_init handler raises, except SystemExit.
+            log.critical("refusing to start: %s", exc.message)
+            raise SystemExit(2) from exc
     if _child_role != "tools":  # a worker that runs no step never calls a model
         # Imported once in the parent so that forked pool processes share it.
         from celery_agents.llm.adapter import warm_up

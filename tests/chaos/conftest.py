@@ -28,10 +28,13 @@ class Fleet:
         self.workers: list[Worker] = []
         self.client = redis.Redis.from_url(redis_url, decode_responses=True)
 
-    def start(self, concurrency: int = 1, wait: bool = True, **env: str) -> Worker:
+    def start(
+        self, concurrency: int = 1, wait: bool = True, queues: str = "steps,tools,isolated", **env: str
+    ) -> Worker:
         merged = {**CHAOS_ENV, **env}
         w = Worker(
             worker_env(self.redis_url, self.prefix, **merged),
+            queues=queues,
             concurrency=concurrency,
             log=self.logdir / f"worker{len(self.workers)}.log",
             name=f"c{len(self.workers)}-{uuid.uuid4().hex[:6]}@chaos",

@@ -32,5 +32,5 @@ def test_an_evicting_redis_is_refused_unless_allowed(
     with pytest.raises(RedisUnavailable, match="allkeys-lru"):
         store.check_eviction()
     monkeypatch.setenv("AGENTS_ALLOW_EVICTION", "1")
-    store.check_eviction()
+    Store(client, Settings.from_env(redis_url=evicting_redis.url, prefix=prefix)).check_eviction()
     client.close()

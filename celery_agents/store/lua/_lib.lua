@@ -51,9 +51,12 @@ local function set_state(new)
   touch(new)
 end
 
+-- A step is owed at the current version; no worker has picked this one up yet (`picked` is the
+-- version of the last step picked up, which may be this very version when that step only waited).
 local function owe()
   redis.call('ZADD', K.owed, NOW_MS, SID)
   redis.call('HSET', K.meta, 'owed_version', version())
+  redis.call('HDEL', K.meta, 'picked')
 end
 
 local function unowe()

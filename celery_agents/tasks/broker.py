@@ -1,0 +1,85 @@
+"""Keeping a worker alive through what kombu's Redis transport does not survive (kombu 5.7.0).
+
+- A message on a queue list that is not a kombu message (not UTF-8, not JSON, not the envelope
+  kombu writes) makes `Channel._brpop_read` raise, and Celery stops the whole worker with
+  "Unrecoverable error". Here such a message is set aside on `<prefix>:celery:poison` (a list,
+  newest first, capped) with its queue and the reason, logged, and the worker goes on.
+
+`install()` patches that one method; it is called once by the worker's app, never by the CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from queue import Empty
+from typing import Any
+
+from kombu.transport import redis as kombu_redis
+from kombu.utils.encoding import bytes_to_str
+from kombu.utils.json import loads
+
+log = logging.getLogger("celery_agents.broker")
+
+#: the list poison messages go to, under the broker's key prefix (`Keys.poison`)
+POISON_QUEUE = "poison"
+POISON_KEPT = 1000
+_SHOWN = 4096
+
+
+def message_problem(raw: bytes | str) -> tuple[Any, str | None]:
+    """Decode one queue entry: (payload, None) when it is a message kombu can deliver, else
+    (None, reason): `not_utf8`, `not_json` or `not_a_message`."""
+    try:
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+    except UnicodeDecodeError:
+        return None, "not_utf8"
+    try:
+        payload = loads(text)  # type: ignore[no-untyped-call]  # kombu is untyped
+    except (ValueError, RecursionError):
+        return None, "not_json"
+    props = payload.get("properties") if isinstance(payload, dict) else None
+    info = props.get("delivery_info") if isinstance(props, dict) else None
+    if not isinstance(props, dict) or not props.get("delivery_tag") or not isinstance(info, dict):
+        return None, "not_a_message"
+    if "exchange" not in info or "routing_key" not in info:
+        return None, "not_a_message"
+    return payload, None
+
+
+def _set_aside(channel: Any, queue: str, raw: bytes | str, reason: str) -> None:
+    shown = raw.decode("utf-8", "backslashreplace") if isinstance(raw, bytes) else raw
+    record = json.dumps({"queue": queue, "reason": reason, "message": shown[:_SHOWN]})
+    log.error("poison message on queue %s (%s) set aside in %s: %.200s", queue, reason, POISON_QUEUE, shown)
+    with channel.conn_or_acquire() as client:
+        # kombu's client prefixes LPUSH with the broker's key prefix, not LTRIM.
+        client.lpush(POISON_QUEUE, record)
+        client.ltrim(getattr(client, "global_keyprefix", "") + POISON_QUEUE, 0, POISON_KEPT - 1)
+
+
+def _brpop_read(self: Any, **options: Any) -> bool:
+    """kombu 5.7.0's `Channel._brpop_read`, with the entry checked before it is delivered."""
+    try:
+        try:
+            dest__item = self.client.parse_response(self.client.connection, "BRPOP", **options)
+        except self.connection_errors:
+            self.client.connection.disconnect()
+            raise
+        if not dest__item:
+            raise Empty()
+        dest, item = dest__item
+        dest = bytes_to_str(dest).rsplit(self.sep, 1)[0]  # type: ignore[no-untyped-call]
+        self._queue_cycle.rotate(dest)
+        payload, problem = message_problem(item)
+        if problem is not None:
+            _set_aside(self, dest, item, problem)
+            return True
+        self.connection._deliver(payload, dest)
+        return True
+    finally:
+        self._in_poll = None
+        self._flush_brpop_reauth()
+
+
+def install() -> None:
+    kombu_redis.Channel._brpop_read = _brpop_read  # type: ignore[method-assign]
