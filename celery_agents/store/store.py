@@ -250,9 +250,7 @@ class Store:
         # answers them with the first reply (`once` in store/lua/_lib.lua).
         keys = self.keys.script_keys(sid, uuid.uuid4().hex, *extra_keys)
         try:
-            return self.scripts.run(
-                name, keys, [repr(now), self.settings.events_maxlen, sid, *args], client=pipe
-            )
+            return self.scripts.run(name, keys, [repr(now), self.settings.events_maxlen, sid, *args], client=pipe)
         except redis.ConnectionError as exc:
             raise RedisUnavailable(f"cannot reach Redis: {exc}") from exc
 

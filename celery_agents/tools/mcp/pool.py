@@ -341,8 +341,9 @@ class McpPool:
             if exc.error.code == CONNECTION_CLOSED or conn.closed.is_set():
                 self._retire(conn)
                 tail = conn.stderr_tail()
+                what = "closed the connection" if target.url is not None else "exited"
                 raise McpCallError(
-                    f"the MCP server {target.label} exited during the call"
+                    f"the MCP server {target.label} {what} during the call"
                     + (f"; its last error output: {tail}" if tail else "")
                 ) from None
             raise McpCallError(f"the MCP server {target.label} refused the call: {exc.error.message}") from None

@@ -213,3 +213,39 @@ def test_a_server_that_dies_during_a_call_fails_it_with_its_last_words_and_is_re
     assert out.state == "failed" and "exited during the call" in (out.error or "")
     assert "crashing on purpose" in (out.error or ""), "the model sees what the server said"
     assert run(agent, "mcp__sample__add", {"a": 1, "b": 1}).result == {"result": 2}
+
+
+def test_an_http_server_that_went_away_fails_the_call_and_is_reached_again_when_back() -> None:
+    import socket
+    import subprocess
+
+    from tests.tools.mcp.conftest import SAMPLE, free_port
+
+    port = free_port()
+
+    def start() -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen([sys.executable, str(SAMPLE), "http", str(port)], stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                return proc
+            except OSError:
+                time.sleep(0.05)
+        proc.kill()
+        raise RuntimeError("the HTTP sample server did not start")
+
+    server = start()
+    try:
+        agent = mcp_agent([{"name": "web", "url": f"http://127.0.0.1:{port}/mcp"}])
+        first = run(agent, "mcp__web__whoami", {}).result["pid"]
+        server.kill()
+        server.wait()
+        down = run(agent, "mcp__web__whoami", {})
+        assert down.state == "failed" and "'web'" in (down.error or "")
+        server = start()
+        back = run(agent, "mcp__web__whoami", {})
+        assert back.state == "completed" and back.result["pid"] not in (first, None), back.error
+    finally:
+        server.kill()
+        server.wait()
