@@ -227,6 +227,11 @@ class McpPool:
         self._pid: int | None = None
         self._conns: dict[str, _Connection] = {}
 
+    def forget(self) -> None:
+        """In a forked child: the parent's loop thread and servers are not ours (nothing to stop)."""
+        self._lock = threading.Lock()
+        self._loop, self._pid, self._conns = None, None, {}
+
     # -- the loop ------------------------------------------------------------------------------
     def _running_loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
@@ -394,6 +399,8 @@ def _cannot_start(target: Target, exc: BaseException, tail: str) -> str:
 
 _pool = McpPool()
 atexit.register(_pool.close)
+# A fork may happen while another thread holds the pool's lock: the child starts with a free one.
+os.register_at_fork(after_in_child=_pool.forget)
 
 
 def pool() -> McpPool:

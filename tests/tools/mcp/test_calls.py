@@ -249,3 +249,20 @@ def test_an_http_server_that_went_away_fails_the_call_and_is_reached_again_when_
     finally:
         server.kill()
         server.wait()
+
+
+def test_a_forked_child_starts_its_own_server_and_leaves_the_parents_alone(agent: AgentSpec) -> None:
+    parent_server = run(agent, "mcp__sample__whoami", {}).result["pid"]
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child: a prefork pool process would be here
+        try:
+            out = run(agent, "mcp__sample__whoami", {})
+            os.write(write, str(out.result["pid"] if out.state == "completed" else out.error).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    answer = os.read(read, 4096).decode()
+    os.waitpid(child, 0)
+    assert answer.isdigit() and int(answer) != parent_server, answer
+    assert pid_alive(parent_server) and run(agent, "mcp__sample__whoami", {}).result["pid"] == parent_server
