@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import time
 from typing import Any
 
 from celery_agents.store import COMPLETIONS_GROUP, CompletionStream
@@ -34,7 +33,7 @@ def _completions_check(store: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     if stuck:
         detail += " — stuck: no worker applies them (is one running? see its log)"
     figures = {"waiting": cs.waiting, "pending": cs.pending, "lag": cs.lag, "oldest_s": cs.oldest_s}
-    return {"name": "completions", "ok": not stuck, "detail": detail}, figures
+    return {"name": "completions", "ok": not stuck, "detail": detail, "fails_doctor": True}, figures
 
 
 def _redact(url: str) -> str:
@@ -112,7 +111,12 @@ def diagnose(client: Any) -> dict[str, Any]:
                 "name": "persistence",
                 "ok": aof == "yes",
                 "detail": f"appendonly {aof}, appendfsync {fsync}"
-                + ("" if aof == "yes" else " — turn AOF on or a restart loses sessions and completions"),
+                + ("" if aof == "yes" else " — turn AOF on or a restart loses sessions and completions")
+                + (
+                    " (a power cut loses up to ~1 s of acknowledged writes; `always` loses none)"
+                    if aof == "yes" and fsync == "everysec"
+                    else ""
+                ),
             }
         )
     if policy is not None:
@@ -157,7 +161,7 @@ def diagnose(client: Any) -> dict[str, Any]:
                 + ("" if readable else " — cannot read its queues (is it up? are the credentials right?)"),
             }
         )
-    now = time.time()
+    now = store.server_time()  # owed and deadline scores are Redis times
     owed = int(r.zcount(k.owed, "-inf", "+inf"))
     stuck = int(r.zcount(k.owed, "-inf", int((now - settings.owed_grace) * 1000)))
     pending = int(r.zcard(k.pending_all))
@@ -198,6 +202,21 @@ def diagnose(client: Any) -> dict[str, Any]:
             "detail": f"{owed} owed, {stuck} waiting longer than {settings.owed_grace:g} s",
         }
     )
+    went_back, rewound = store.rewound()
+    checks.append(
+        {
+            "name": "rewound sessions",
+            # A warning: the writes are gone; workers re-read those sessions and go on from what is stored.
+            "ok": went_back == 0,
+            "detail": f"{went_back} session(s) found older than a worker had read them"
+            + (
+                ""
+                if not went_back
+                else " — Redis lost acknowledged writes (failover or power cut with appendfsync everysec): "
+                + ", ".join(rewound)
+            ),
+        }
+    )
     completions_check, completions = _completions_check(store)
     checks.append(completions_check)
     poison = int(r.llen(k.poison))
@@ -227,6 +246,7 @@ def diagnose(client: Any) -> dict[str, Any]:
         "pending_calls": pending,
         "overdue_deadlines": overdue,
         "rejected_completions": rejected,
+        "rewound_sessions": rewound,
         "completions": completions,
         "poison_messages": poison,
         "recent_rejections": last_rejected,
@@ -245,7 +265,7 @@ def render(report: dict[str, Any]) -> None:
     from celery_agents.cli.output import out as console  # the report is the command's output
 
     for c in report["checks"]:
-        mark = "[green]ok[/]" if c["ok"] else "[yellow]!![/]"
+        mark = "[green]ok[/]" if c["ok"] else "[red]fail[/]" if c.get("fails_doctor") else "[yellow]!![/]"
         console.print(f"{mark} {c['name']}: {c['detail']}")
     console.print(
         "queues: "

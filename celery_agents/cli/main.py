@@ -437,7 +437,8 @@ def session_complete(
         if as_json:
             emit_json(outcome.model_dump(mode="json"))
         else:
-            render_completion(outcome)
+            workers = outcome.woken and bool(client.store.live_workers())
+            render_completion(outcome, inline=client.inline, workers=workers)
 
 
 @session_app.command("run-isolated")

@@ -40,7 +40,7 @@ def run_call(store: Store, session_id: str, field: str, tools: ToolPort, owner: 
         return CallRun(status="already", call=call)
     lease_key = k.call_lease(session_id, field)
     lease = store.lock(lease_key, store.settings.lease_seconds)
-    if not lease.acquire(blocking=False, token=owner):
+    if not store.acquire(lease, owner):
         return CallRun(status="busy", call=call)
     # Picked up: if the lease lapses before an outcome is recorded, this worker died.
     store.client.set(k.call_started(session_id, field), owner, ex=86400)

@@ -15,7 +15,7 @@ import redis
 from celery_agents.errors import RedisUnavailable, UntrustedSpec
 from celery_agents.model import ErrorInfo, SessionHeader, State, TrackedCall
 from celery_agents.runtime.lease import LeaseKeeper
-from celery_agents.runtime.ports import Fence, JournaledLlm, JournaledTools, SecureIds, SystemClock
+from celery_agents.runtime.ports import Fence, JournaledLlm, JournaledTools, RedisClock, SecureIds
 from celery_agents.scheduler import Ports, Snapshot, Transition, advance
 from celery_agents.scheduler.ports import Clock, Ids, LlmPort, ToolPort
 from celery_agents.store import LeaseLost, Loaded, Store
@@ -62,7 +62,7 @@ def run_step(
             ports = Ports(
                 llm=journaled_llm,
                 tools=JournaledTools(store, loaded.journal, tools, fence),
-                clock=clock or SystemClock(),
+                clock=clock or RedisClock(loaded.redis_now),
                 ids=ids or SecureIds(),
             )
             snap = Snapshot(header=header, agent=agent, turns=loaded.turns, calls=loaded.calls)
@@ -72,6 +72,11 @@ def run_step(
         # step now; this one starts nothing more and leaves the session alone.
         log.warning("%s: it starts and writes nothing more", exc)
         return StepResult(outcome="lost", version=version)
+    except KeyboardInterrupt:
+        # Ctrl-C of an inline step: let the session go now, not when the lease lapses (30 s), and
+        # leave the step owed so that the next `resume` (or a worker) runs it.
+        _safe_end(store, session_id, owner, request, "interrupted", keep_owed=True)
+        raise
     except (RedisUnavailable, redis.ConnectionError, redis.TimeoutError):
         # Infrastructure, not the session: leave it owed so that it is tried again.
         _safe_end(store, session_id, owner, request, "error", keep_owed=True)

@@ -14,6 +14,7 @@ else
 end
 local header = cjson.decode(ARGV[4])
 for k, v in pairs(header) do redis.call('HSET', K.meta, k, v) end
+redis.call('HSET', K.meta, 'created_at', NOW)
 redis.call('RPUSH', K.turns, ARGV[5])
 redis.call('ZADD', KEYS[NKEYS + 2], 0, SID)
 set_state(header['state'])
