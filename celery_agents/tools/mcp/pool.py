@@ -328,8 +328,16 @@ class McpPool:
             return True
         if conn.ready.cancelled() or conn.ready.exception() is not None:
             return False
+        from mcp import MCPError
+        from mcp_types import CONNECTION_CLOSED
+
         try:
-            await asyncio.wait_for(conn.ready.result().send_ping(), _PING_TIMEOUT)
+            # Any answer proves the server alive, an error too (servers of the 2026-07-28 protocol
+            # no longer know ping).
+            await asyncio.wait_for(conn.ready.result().session.send_ping(), _PING_TIMEOUT)
+        except MCPError as exc:
+            if exc.error.code == CONNECTION_CLOSED:
+                return False
         except Exception:
             return False
         conn.last_used = loop.time()

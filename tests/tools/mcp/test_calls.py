@@ -60,6 +60,8 @@ def test_a_server_is_reused_across_calls_and_sessions_and_restarted_when_it_died
     first = run(agent, "mcp__sample__whoami", {}, session="a").result["pid"]
     assert run(agent, "mcp__sample__whoami", {}, session="b").result["pid"] == first, "one server per process"
     assert first != os.getpid() and pid_alive(first)
+    time.sleep(pool_module._IDLE_PING + 0.1)  # idle long enough to be checked before its next use
+    assert run(agent, "mcp__sample__whoami", {}, session="b").result["pid"] == first, "an idle server is kept"
     os.kill(first, signal.SIGKILL)
     killed_at = time.monotonic()
     deadline = killed_at + 10
