@@ -67,8 +67,6 @@ class Settings:
     events_maxlen: int = 2000
     #: how often (seconds) the broker puts back messages unacknowledged past the visibility timeout
     restore_interval: float = 10.0
-    #: AGENTS_ALLOW_EVICTION=1: run on a Redis whose maxmemory-policy may evict keys
-    allow_eviction: bool = False
     #: a result (completion, or a tool's answer) larger than this is refused or cut (bytes of JSON)
     max_result_bytes: int = ONE_MIB
     #: a prompt larger than this is refused (bytes of its text)
@@ -79,6 +77,8 @@ class Settings:
     #: finished sessions (completed, failed, cancelled) not updated for this many days are deleted
     #: by the workers, a few per sweep; None keeps them forever
     retention_days: float | None = None
+    #: AGENTS_ALLOW_EVICTION=1: run on a Redis whose maxmemory-policy may evict keys
+    allow_eviction: bool = False
 
     @property
     def embedded(self) -> bool:
@@ -102,10 +102,10 @@ class Settings:
             lost_grace=_float_env("AGENTS_LOST_GRACE", 300.0),
             skew_margin=_float_env("AGENTS_CLOCK_SKEW", 10.0),
             restore_interval=_float_env("AGENTS_RESTORE_INTERVAL", 10.0),
-            allow_eviction=env.get("AGENTS_ALLOW_EVICTION") == "1",
             max_result_bytes=_int_env("AGENTS_MAX_RESULT_BYTES", ONE_MIB),
             max_prompt_bytes=_int_env("AGENTS_MAX_PROMPT_BYTES", ONE_MIB),
             spec_key=env.get("AGENTS_SPEC_KEY") or None,
             retention_days=max(_float_env("AGENTS_RETENTION_DAYS", 0.0), 0.0) or None,
+            allow_eviction=env.get("AGENTS_ALLOW_EVICTION") == "1",
         )
         return replace(s, **overrides) if overrides else s  # type: ignore[arg-type]

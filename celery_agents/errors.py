@@ -87,6 +87,14 @@ class SessionNotAdvanceable(AgentsError):
     exit_code = 5
 
 
+class UntrustedSpec(AgentsError):
+    """AGENTS_SPEC_KEY is set and a session's stored agent spec is not signed with it: nothing of
+    that spec runs (no tool, no model call)."""
+
+    code = "untrusted_agent_spec"
+    exit_code = 5
+
+
 class RedisUnavailable(AgentsError):
     code = "redis_unavailable"
     exit_code = 1

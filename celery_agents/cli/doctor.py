@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import time
 from typing import Any
 
 from celery_agents.store import COMPLETIONS_GROUP, CompletionStream
@@ -139,6 +138,16 @@ def diagnose(client: Any) -> dict[str, Any]:
         }
     )
     checks += [_sandbox_check(w) for w in workers if w.get("sandbox") is not None]
+    if not settings.embedded:
+        checks.append(
+            {
+                "name": "spec signing",
+                "ok": settings.spec_key is not None,  # a warning only: doctor does not fail on it
+                "detail": "agent specs are signed (AGENTS_SPEC_KEY)"
+                if settings.spec_key
+                else "AGENTS_SPEC_KEY is unset — whoever can write to this Redis can make workers run their code",
+            }
+        )
     probe = QueueProbe(settings, r)
     queues = {q: head.depth for q, head in probe.heads(QUEUES).items()}
     probe.close()
@@ -152,7 +161,7 @@ def diagnose(client: Any) -> dict[str, Any]:
                 + ("" if readable else " — cannot read its queues (is it up? are the credentials right?)"),
             }
         )
-    now = time.time()
+    now = store.server_time()  # owed and deadline scores are Redis times
     owed = int(r.zcount(k.owed, "-inf", "+inf"))
     stuck = int(r.zcount(k.owed, "-inf", int((now - settings.owed_grace) * 1000)))
     pending = int(r.zcard(k.pending_all))
@@ -193,6 +202,21 @@ def diagnose(client: Any) -> dict[str, Any]:
             "detail": f"{owed} owed, {stuck} waiting longer than {settings.owed_grace:g} s",
         }
     )
+    went_back, rewound = store.rewound()
+    checks.append(
+        {
+            "name": "rewound sessions",
+            # A warning: the writes are gone; workers re-read those sessions and go on from what is stored.
+            "ok": went_back == 0,
+            "detail": f"{went_back} session(s) found older than a worker had read them"
+            + (
+                ""
+                if not went_back
+                else " — Redis lost acknowledged writes (failover or power cut with appendfsync everysec): "
+                + ", ".join(rewound)
+            ),
+        }
+    )
     completions_check, completions = _completions_check(store)
     checks.append(completions_check)
     poison = int(r.llen(k.poison))
@@ -222,13 +246,17 @@ def diagnose(client: Any) -> dict[str, Any]:
         "pending_calls": pending,
         "overdue_deadlines": overdue,
         "rejected_completions": rejected,
+        "rewound_sessions": rewound,
         "completions": completions,
         "poison_messages": poison,
         "recent_rejections": last_rejected,
         "sessions": states,
         # MEMORY USAGE of the most recent sessions' keys, averaged: what one more session costs.
         "memory_per_session_bytes": sampled_bytes // sampled if sampled else None,
-        "retention_days": settings.retention_days,
+        # The workers purge: their setting is the one that holds (the shortest, if they differ).
+        "retention_days": min(
+            (w["retention_days"] for w in workers if w.get("retention_days")), default=settings.retention_days
+        ),
     }
 
 
@@ -237,7 +265,7 @@ def render(report: dict[str, Any]) -> None:
     from celery_agents.cli.output import out as console  # the report is the command's output
 
     for c in report["checks"]:
-        mark = "[green]ok[/]" if c["ok"] else "[yellow]!![/]"
+        mark = "[green]ok[/]" if c["ok"] else "[red]fail[/]" if c.get("fails_doctor") else "[yellow]!![/]"
         console.print(f"{mark} {c['name']}: {c['detail']}")
     console.print(
         "queues: "

@@ -270,7 +270,7 @@ def _interrupted(client: Any, session_id: str | None) -> NoReturn:
         )
     else:
         err.print(
-            f"interrupted: session {session_id} goes on on the workers.\n"
+            f"interrupted: session {session_id} goes on: the workers drive it.\n"
             f"  follow it:   agents session logs {session_id} --follow\n"
             f"  see it:      agents session show {session_id}\n"
             f"  stop it:     agents session pause {session_id}"
@@ -601,7 +601,26 @@ def worker(
         step_threads=step_threads,
         loglevel=loglevel,
     )
-    raise typer.Exit(Supervisor(plan).run())
+    try:
+        code = Supervisor(plan).run()
+    except AgentsError as exc:  # the state Redis unreachable or unsafe: refuse to start
+        _fail(exc, False)
+    raise typer.Exit(code)
+
+
+@app.command("mcp-server")
+def mcp_server(
+    wait: Annotated[
+        float, typer.Option("--wait", help="How long start_session waits for a session to settle (seconds).", min=0)
+    ] = 120.0,
+) -> None:
+    """Serve celery-agents as an MCP server on stdio: start_session, session_status, pending, complete."""
+    from celery_agents.mcp_server import serve_stdio
+
+    try:
+        serve_stdio(wait)
+    except AgentsError as exc:
+        _fail(exc, False)
 
 
 @app.command()

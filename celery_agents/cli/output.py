@@ -263,7 +263,8 @@ def event_text(e: dict[str, Any]) -> str | None:
         return f"waiting on a person for {tool}{reason}"
     if kind == "token_completed":
         by = f" by {printable(str(e['by']))}" if e.get("by") else ""
-        return f"outside result for call {printable(str(e.get('call_id', '')))} received{by}"
+        what = "an outside error" if e.get("error") else "an outside result"
+        return f"{what} arrived{by}"
     if kind == "token_expired":
         return f"call {printable(str(e.get('call_id', '')))}: its deadline passed without a result"
     if kind == "token_rejected":

@@ -9,7 +9,7 @@ import re
 import sys
 from pathlib import Path
 
-from celery_agents.errors import InvalidInput, InvalidResult
+from celery_agents.errors import InvalidInput, InvalidResult, UnknownToken
 from celery_agents.model import Media, UserQuery
 
 MEDIA_MAX_BYTES = int(os.environ.get("AGENTS_MEDIA_MAX_BYTES", str(20 * 1024 * 1024)))
@@ -90,9 +90,10 @@ def read_media(path: str) -> Media:
 def check_token_shape(token: str) -> None:
     """A session id (or a file name) where a token belongs gets a hint, not just "unknown"."""
     if "." not in token.strip() and re.fullmatch(r"[A-Za-z0-9_-]{1,64}", token.strip()):
-        raise InvalidInput(
+        raise UnknownToken(
             f"{token[:80]!r} is not a token (a token is <session id>.<secret>); "
-            f"`agents session pending {token[:80]}` lists the session's tokens"
+            f"`agents session pending {token[:80]}` lists the session's tokens",
+            token=token,
         )
 
 

@@ -346,6 +346,8 @@ class AgentSpec(_Spec):
     toolboxes: list[Toolbox] = Field(default_factory=list)
     #: models tried in order when `model` fails (after its own retries)
     fallback_models: list[FallbackModel] = Field(default_factory=list, alias="fallbackModels")
+    #: MCP tool servers; their tools are listed into `tools` when the file is loaded
+    mcp_servers: list[McpServer] = Field(default_factory=list, alias="mcpServers")
     #: fields of an agents-exe file that were accepted and not used (for a warning)
     _ignored: tuple[str, ...] = PrivateAttr(default=())
 
@@ -353,9 +355,6 @@ class AgentSpec(_Spec):
     def ignored_fields(self) -> tuple[str, ...]:
         """Fields of the file, written as paths, that agents-exe knows and celery-agents ignores."""
         return self._ignored
-
-    #: MCP tool servers; their tools are listed into `tools` when the file is loaded
-    mcp_servers: list[McpServer] = Field(default_factory=list, alias="mcpServers")
 
     @model_validator(mode="before")
     @classmethod
@@ -535,8 +534,8 @@ def describe_validation_error(source: str, exc: ValidationError) -> str:
 #: Names a model accepts besides its fields and aliases (folded in by its "before" validators).
 _ALSO_ACCEPTED: dict[str, frozenset[str]] = {
     # toolCallPolicyConfig, toolDirectory and bashToolboxes: the agents-exe spellings.
-    # subAgents/extraAgents, maxDepth, description, mcpServers, maxToolCallsPerTurn: fields of this
-    # release implemented in their own modules; known here so that no file using them is refused.
+    # subAgents/extraAgents, maxDepth, description: sub-agent fields of this release, known here so
+    # that no file using them is refused where they are not implemented yet.
     "AgentSpec": frozenset(
         {
             "toolCallPolicyConfig",
@@ -546,11 +545,8 @@ _ALSO_ACCEPTED: dict[str, frozenset[str]] = {
             "extraAgents",
             "maxDepth",
             "description",
-            "mcpServers",
-            "maxToolCallsPerTurn",
         }
     ),
-    "PolicyRule": frozenset({"network"}),
 }
 
 #: Fields of agents-exe agent files that celery-agents does not use: accepted with a warning.
@@ -635,7 +631,9 @@ def _check_fields(model: type[BaseModel], data: Any, where: str, unknown: list[s
             ignored.append(path)
         else:
             public = sorted(k for k in known if not k.islower() or "_" not in k)
-            close = difflib.get_close_matches(str(key), public, n=1, cutoff=0.6)
+            # A field one level down, written a level too high (a rule's `network`).
+            deeper = [f"{k}.{key}" for k in public if (sub := known[k]) is not None and key in _fields_of(sub)]
+            close = deeper or difflib.get_close_matches(str(key), public, n=1, cutoff=0.6)
             hint = f"did you mean {close[0]}?" if close else f"known fields here: {', '.join(public)}"
             unknown.append(f"{path}: unknown field ({hint})")
 
@@ -652,6 +650,7 @@ def parse_agent(data: Any, source: str = "<agent>", base_dir: str | None = None)
         raise InvalidAgentFile(f"{source}: (top level): not a usable agent file: {exc}", file=source) from None
     unknown: list[str] = []
     ignored: list[str] = []
+    data = normalise_servers(data)
     _check_fields(AgentSpec, data, "", unknown, ignored)
     if unknown:
         raise InvalidAgentFile("\n".join(f"{source}: {line}" for line in unknown), file=source)

@@ -27,7 +27,9 @@ class McpServer(BaseModel):
 
     `command` may also be written as a string with `args` (the Claude Desktop form). `env` values
     are given to the server as written (they are stored with the agent: keep secrets out of them);
-    `headersEnv` maps an HTTP header to the variable holding its value, read where the call runs.
+    `passEnv` names variables whose values the server gets from the environment of the process that
+    starts it (never stored); `headersEnv` maps an HTTP header to the variable holding its value,
+    read where the call runs.
     `network`: a runIsolated call of this server may reach the network (it is cut by default).
     """
 
@@ -36,6 +38,7 @@ class McpServer(BaseModel):
     name: str
     command: list[str] | None = None
     env: dict[str, str] = Field(default_factory=dict)
+    pass_env: list[str] = Field(default_factory=list, alias="passEnv")
     url: str | None = None
     headers_env: dict[str, str] = Field(default_factory=dict, alias="headersEnv")
     network: bool = False
@@ -43,11 +46,7 @@ class McpServer(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _command_and_args(cls, value: Any) -> Any:
-        if isinstance(value, dict) and isinstance(value.get("command"), str):
-            value = dict(value)
-            args = value.pop("args", None) or []
-            value["command"] = [value["command"], *args] if isinstance(args, list) else value["command"]
-        return value
+        return _command_list(value)
 
     @field_validator("name")
     @classmethod
@@ -61,6 +60,16 @@ class McpServer(BaseModel):
     def _command_shape(cls, value: list[str] | None) -> list[str] | None:
         if value is not None and (not value or not all(isinstance(a, str) and a for a in value)):
             raise ValueError('a command is a non-empty list of arguments, e.g. ["python3", "server.py"]')
+        return value
+
+    @field_validator("pass_env")
+    @classmethod
+    def _pass_env_names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not _ENV_NAME.match(name):
+                raise ValueError(f"passEnv names environment variables; {name!r} is not one")
+            if name.upper().startswith("AGENTS_"):
+                raise ValueError(f"{name} is a setting of the worker, never given to a server (remove it)")
         return value
 
     @field_validator("url")
@@ -79,14 +88,18 @@ class McpServer(BaseModel):
                     f"headersEnv maps a header to the environment variable holding its value "
                     f'(e.g. {{"Authorization": "SEARCH_TOKEN"}}); {header!r}: {variable!r} is not that'
                 )
+            if variable.upper().startswith("AGENTS_"):
+                raise ValueError(f"headersEnv names {variable}, a setting of the worker, never sent to a server")
         return value
 
     @model_validator(mode="after")
     def _one_transport(self) -> McpServer:
         if (self.command is None) == (self.url is None):
             raise ValueError(f"server {self.name!r} needs exactly one of command (stdio) or url (Streamable HTTP)")
-        if self.url is not None and self.env:
-            raise ValueError(f"server {self.name!r}: env is for stdio servers; an HTTP server takes headersEnv")
+        if self.url is not None and (self.env or self.pass_env):
+            raise ValueError(
+                f"server {self.name!r}: env and passEnv are for stdio servers; an HTTP server takes headersEnv"
+            )
         if self.command is not None and self.headers_env:
             raise ValueError(f"server {self.name!r}: headersEnv is for HTTP servers; a stdio server takes env")
         return self
@@ -123,9 +136,20 @@ def mcp_tool_name(server: str, tool: str) -> str:
 
 
 def normalise_servers(value: dict[str, Any]) -> dict[str, Any]:
-    """`mcpServers` written as an object keyed by name (the Claude Desktop form) as the list."""
+    """`mcpServers` written the Claude Desktop way (an object keyed by name, `command` a string
+    with `args`) as the list of entries with `command` lists."""
     servers = value.get("mcpServers")
-    if not isinstance(servers, dict):
+    if isinstance(servers, dict):
+        servers = [{"name": name, **spec} if isinstance(spec, dict) else spec for name, spec in servers.items()]
+    if not isinstance(servers, list):
         return value
-    listed = [{"name": name, **spec} if isinstance(spec, dict) else spec for name, spec in servers.items()]
-    return {**value, "mcpServers": listed}
+    return {**value, "mcpServers": [_command_list(s) for s in servers]}
+
+
+def _command_list(server: Any) -> Any:
+    if not isinstance(server, dict) or not isinstance(server.get("command"), str):
+        return server
+    server = dict(server)
+    args = server.pop("args", None) or []
+    server["command"] = [server["command"], *args] if isinstance(args, list) else server["command"]
+    return server

@@ -59,6 +59,9 @@ class SessionHeader(BaseModel):
     steps: int = 0
     step_limit: int = 40
     turn_count: int = 0
+    #: digest chained over every stored turn (store `turn_digest`): what a cached transcript is
+    #: checked against, so turns lost by Redis (failover, power cut) are never mixed with newer ones
+    turns_digest: str = ""
     usage: Usage = Field(default_factory=Usage)
     error: ErrorInfo | None = None
     response: str | None = None

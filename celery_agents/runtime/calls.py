@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from redis.exceptions import LockError
 
+from celery_agents.errors import UntrustedSpec
 from celery_agents.model import CallState, TrackedCall
 from celery_agents.runtime.lease import LeaseKeeper
 from celery_agents.scheduler.ports import ToolPort
@@ -39,12 +40,18 @@ def run_call(store: Store, session_id: str, field: str, tools: ToolPort, owner: 
         return CallRun(status="already", call=call)
     lease_key = k.call_lease(session_id, field)
     lease = store.lock(lease_key, store.settings.lease_seconds)
-    if not lease.acquire(blocking=False, token=owner):
+    if not store.acquire(lease, owner):
         return CallRun(status="busy", call=call)
     # Picked up: if the lease lapses before an outcome is recorded, this worker died.
     store.client.set(k.call_started(session_id, field), owner, ex=86400)
     try:
-        agent = store.agent(agent_hash)
+        try:
+            agent = store.agent(agent_hash)
+        except UntrustedSpec as exc:
+            body = outcome_json(CallState.FAILED, error=f"not run: {exc.message}", now=time.time(), attempts=0)
+            event = {"call_id": call.call_id, "tool": call.tool, "state": CallState.FAILED.value}
+            finished = store.record_result(session_id, field, body, event)
+            return CallRun(status=finished.status, finished=finished, call=call)
         started = time.time()
         pending_key = k.pending(session_id)
 

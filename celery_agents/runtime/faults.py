@@ -3,6 +3,8 @@
 With `AGENTS_FAULT_PAUSE=<name>`, a worker reaching checkpoint `<name>` records it in Redis
 (`<prefix>:fault:<name>` = session id) and stops there, so a test can SIGKILL it at exactly that
 point: after a model response is journaled, after a commit and before what follows is published.
+With `AGENTS_FAULT_CLOCK_SHIFT=<seconds>`, a worker's wall clock reads that far off (`shift_clock`),
+as on a host whose clock is wrong.
 """
 
 from __future__ import annotations
@@ -20,3 +22,14 @@ def checkpoint(name: str, store: Store, session_id: str) -> None:
         return
     store.client.set(store.keys.fault(name), session_id)
     time.sleep(float(os.environ.get("AGENTS_FAULT_PAUSE_SECONDS", "600")))
+
+
+def shift_clock() -> None:
+    """Make this process's wall clock (`time.time`) read AGENTS_FAULT_CLOCK_SHIFT seconds ahead
+    (negative: behind); its monotonic clock is untouched, as on a host whose clock is off."""
+    shift = float(os.environ.get("AGENTS_FAULT_CLOCK_SHIFT") or 0)
+    if not shift:
+        return
+    real, real_ns = time.time, time.time_ns
+    setattr(time, "time", lambda: real() + shift)  # noqa: B010 - patching the module is the point
+    setattr(time, "time_ns", lambda: real_ns() + int(shift * 1e9))  # noqa: B010

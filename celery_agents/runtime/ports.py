@@ -26,6 +26,17 @@ class SystemClock:
         return time.time()
 
 
+class RedisClock:
+    """Redis's clock read when the step began, moved on by this process's monotonic clock: the times
+    a step stamps (deadlines, creation times) agree with every worker's, whatever its host's clock says."""
+
+    def __init__(self, redis_now: float) -> None:
+        self._base, self._at = redis_now, time.monotonic()
+
+    def now(self) -> float:
+        return self._base + (time.monotonic() - self._at)
+
+
 class SecureIds:
     def token(self, session_id: str) -> str:
         return new_token(session_id)

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 
 import redis
 
-from celery_agents.errors import RedisUnavailable
+from celery_agents.errors import RedisUnavailable, UntrustedSpec
 from celery_agents.model import ErrorInfo, SessionHeader, State, TrackedCall
 from celery_agents.runtime.lease import LeaseKeeper
-from celery_agents.runtime.ports import Fence, JournaledLlm, JournaledTools, SecureIds, SystemClock
+from celery_agents.runtime.ports import Fence, JournaledLlm, JournaledTools, RedisClock, SecureIds
 from celery_agents.scheduler import Ports, Snapshot, Transition, advance
 from celery_agents.scheduler.ports import Clock, Ids, LlmPort, ToolPort
 from celery_agents.store import LeaseLost, Loaded, Store
@@ -62,7 +62,7 @@ def run_step(
             ports = Ports(
                 llm=journaled_llm,
                 tools=JournaledTools(store, loaded.journal, tools, fence),
-                clock=clock or SystemClock(),
+                clock=clock or RedisClock(loaded.redis_now),
                 ids=ids or SecureIds(),
             )
             snap = Snapshot(header=header, agent=agent, turns=loaded.turns, calls=loaded.calls)
@@ -81,6 +81,11 @@ def run_step(
         # Infrastructure, not the session: leave it owed so that it is tried again.
         _safe_end(store, session_id, owner, request, "error", keep_owed=True)
         raise
+    except UntrustedSpec as exc:
+        # Not the session's fault to retry away: its spec was not stored by a holder of the key.
+        log.warning("step of session %s refused: %s", session_id, exc.message)
+        store.fail_step(session_id, version, ErrorInfo(code=exc.code, message=exc.message), owner)
+        return StepResult(outcome="failed", version=version + 1, state=State.FAILED)
     except Exception as exc:
         log.exception("step of session %s at version %s failed", session_id, version)
         store.fail_step(

@@ -84,7 +84,8 @@ class Keys:
 
     def every_session_key(self, sid: str, fields: list[str], secrets: list[str]) -> list[str]:
         """Every key a session may own, given its call fields and its tokens' secrets: what
-        deleting it removes. A key added per session above belongs here too."""
+        deleting it removes. A key added per session above belongs here too, except the script
+        replies kept for retries (`request`), which expire by themselves within minutes."""
         per_call = [k for f in fields for k in (self.call_lease(sid, f), self.call_started(sid, f))]
         return [*self.session_keys(sid), *per_call, *(self.token(sid, s) for s in secrets)]
 
@@ -138,6 +139,10 @@ class Keys:
         """String: an agent spec (canonical JSON), stored once per content hash."""
         return f"{self.prefix}:agent:{content_hash}"
 
+    def agent_signature(self, content_hash: str) -> str:
+        """String: the HMAC-SHA256 of the spec under `agent(content_hash)` (AGENTS_SPEC_KEY)."""
+        return f"{self.prefix}:agent:{content_hash}:sig"
+
     @property
     def completions(self) -> str:
         """Stream other systems XADD completions to (`token`, `result`, `error`, `by`)."""
@@ -147,6 +152,12 @@ class Keys:
     def rejected(self) -> str:
         """Stream: completions that changed nothing, with the reason."""
         return f"{self.prefix}:completions:rejected"
+
+    @property
+    def rewound(self) -> str:
+        """Hash: session id -> what a worker saw when it found the stored session older than
+        what it had read before (Redis lost writes); shown by `agents doctor`."""
+        return f"{self.prefix}:rewound"
 
     @property
     def workers(self) -> str:

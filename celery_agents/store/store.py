@@ -6,7 +6,10 @@ Every write that must be atomic is one script of `store/lua/`; reads are single 
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import json
+import logging
 import re
 import secrets
 import time
@@ -28,6 +31,7 @@ from celery_agents.errors import (
     SessionNotAdvanceable,
     UnknownSession,
     UnknownToken,
+    UntrustedSpec,
 )
 from celery_agents.model import (
     AgentSpec,
@@ -47,6 +51,9 @@ from celery_agents.model import (
 )
 from celery_agents.store.keys import Keys
 from celery_agents.store.scripts import Scripts
+from celery_agents.store.signing import sign_spec, spec_verifies
+
+log = logging.getLogger("celery_agents.store")
 
 #: A step's journal outlives any step that could still reuse it (redelivery comes within hours).
 JOURNAL_TTL_S = 86400
@@ -97,6 +104,8 @@ class Loaded:
     calls: list[TrackedCall]
     lease_holder: str
     journal: dict[str, str]
+    #: Redis's clock when the step began (seconds; 0 when not read): the step's times come from it
+    redis_now: float = 0.0
 
 
 @dataclass
@@ -107,6 +116,24 @@ class Finished:
     remaining: int = 0
     woken: bool = False
     version: int = 0
+
+
+@dataclass
+class _Transcript:
+    """The turns of one session this process has read, with their digest and the version seen."""
+
+    turns: list[UserTurn | LlmTurn]
+    digest: str
+    version: int
+
+
+def turn_digest(previous: str, raw_turns: list[str]) -> str:
+    """The digest of a transcript after appending `raw_turns` (JSON exactly as stored) to one whose
+    digest is `previous` ("" for none): equal digests, equal turns, whatever their count."""
+    digest = previous
+    for raw in raw_turns:
+        digest = hashlib.sha256(f"{digest}\n{raw}".encode()).hexdigest()[:32]
+    return digest
 
 
 #: what the sweeper does with an outbox entry or a dispatched call (store/lua/sweep_*.lua)
@@ -147,6 +174,7 @@ def header_to_hash(h: SessionHeader) -> dict[str, str]:
         "steps": _s(h.steps),
         "step_limit": _s(h.step_limit),
         "turn_count": _s(h.turn_count),
+        "turns_digest": h.turns_digest,
         "usage": h.usage.model_dump_json(exclude_defaults=True),
         "error": h.error.model_dump_json() if h.error else "",
         "response": json.dumps(h.response),
@@ -169,6 +197,7 @@ def header_from_hash(d: dict[str, str]) -> SessionHeader:
         steps=int(d.get("steps", 0)),
         step_limit=int(d.get("step_limit", 40)),
         turn_count=int(d.get("turn_count", 0)),
+        turns_digest=d.get("turns_digest", ""),
         usage=Usage.model_validate_json(d["usage"]) if d.get("usage") else Usage(),
         error=ErrorInfo.model_validate_json(d["error"]) if d.get("error") else None,
         response=json.loads(d["response"]) if d.get("response") else None,
@@ -231,7 +260,7 @@ class Store:
         self.keys = Keys(self.settings.prefix)
         self.scripts = Scripts(client)
         self._agents: dict[str, AgentSpec] = {}
-        self._turn_cache: OrderedDict[str, list[UserTurn | LlmTurn]] = OrderedDict()
+        self._turn_cache: OrderedDict[str, _Transcript] = OrderedDict()
 
     # -- plumbing ----------------------------------------------------------------------------
     def _run(
@@ -243,12 +272,13 @@ class Store:
         now: float | None = None,
         pipe: Any = None,
     ) -> Any:
-        now = time.time() if now is None else now
         # One id per call: the client's retries after a lost reply resend it, and the script
         # answers them with the first reply (`once` in store/lua/_lib.lua).
         keys = self.keys.script_keys(sid, uuid.uuid4().hex, *extra_keys)
         try:
-            return self.scripts.run(name, keys, [repr(now), self.settings.events_maxlen, sid, *args], client=pipe)
+            # No `now`: the script reads Redis's clock (durable times never come from a worker's).
+            stamp = "" if now is None else repr(now)
+            return self.scripts.run(name, keys, [stamp, self.settings.events_maxlen, sid, *args], client=pipe)
         except redis.ConnectionError as exc:
             raise RedisUnavailable(f"cannot reach Redis: {exc}") from exc
 
@@ -263,9 +293,19 @@ class Store:
         """The agent spec stored under a hash, cached in this process (specs never change)."""
         spec = self._agents.get(content_hash)
         if spec is None:
-            raw = self.client.get(self.keys.agent(content_hash))
+            key = self.settings.spec_key
+            raw, signature = cast(
+                "list[str | None]",
+                self.client.mget([self.keys.agent(content_hash), self.keys.agent_signature(content_hash)]),
+            )
             if raw is None:
                 raise UnknownSession(f"the agent spec {content_hash} is missing from Redis")
+            if key is not None and not spec_verifies(key, raw, signature):
+                raise UntrustedSpec(
+                    f"the agent spec {content_hash} is not signed with this worker's AGENTS_SPEC_KEY: nothing of it "
+                    "runs (store it again through the CLI or the API with the key set)",
+                    agent_hash=content_hash,
+                )
             spec = AgentSpec.from_json(raw)
             self._agents[content_hash] = spec
         return spec
@@ -281,8 +321,9 @@ class Store:
         session_id: str | None = None,
         now: float | None = None,
     ) -> SessionHeader:
-        now = time.time() if now is None else now
+        stamp = time.time() if now is None else now  # shown only: the script stamps created_at from Redis
         sid = check_session_id(session_id) if session_id else new_session_id()
+        spec_json = agent.to_json()
         content_hash = agent.content_hash()
         header = SessionHeader(
             session_id=sid,
@@ -290,22 +331,24 @@ class Store:
             agent_hash=content_hash,
             execution_mode=agent.mode,
             drive=drive,
-            created_at=now,
-            updated_at=now,
+            created_at=stamp,
+            updated_at=stamp,
             step_limit=agent.max_steps,
             turn_count=1,
         )
-        turn = UserTurn(query=query, at=now)
+        first_turn = UserTurn(query=query, at=stamp).model_dump_json(exclude_none=True)
+        header.turns_digest = turn_digest("", [first_turn])
         res = self._run(
             "create_session",
             sid,
             [
                 json.dumps(header_to_hash(header)),
-                turn.model_dump_json(exclude_none=True),
-                agent.to_json(),
+                first_turn,
+                spec_json,
                 "1" if owe else "0",
+                sign_spec(self.settings.spec_key, spec_json) if self.settings.spec_key else "",
             ],
-            extra_keys=(self.keys.agent(content_hash), self.keys.ids),
+            extra_keys=(self.keys.agent(content_hash), self.keys.ids, self.keys.agent_signature(content_hash)),
             now=now,
         )
         if res[0] != "ok":
@@ -436,24 +479,20 @@ class Store:
     def load(self, session_id: str) -> Loaded:
         """Header, all stored turns, the newest batch's calls: one round trip (turns cached)."""
         check_session_id(session_id)
-        cached = self._turn_cache.get(session_id, [])
-        res = self._run("load_session", session_id, [len(cached)])
+        have = self._cached_turns(session_id)
+        res = self._run("load_session", session_id, [have])
         if not res:
             raise UnknownSession(f"unknown session {session_id!r}", session_id=session_id)
-        return self._loaded(session_id, res, len(cached))
+        return self._loaded(session_id, res, have)
+
+    def _cached_turns(self, session_id: str) -> int:
+        entry = self._turn_cache.get(session_id)
+        return len(entry.turns) if entry else 0
 
     def _loaded(self, session_id: str, payload: list[Any], have: int) -> Loaded:
         flat, raw_turns, raw_calls, raw_results, holder, journal = payload
         header = header_from_hash(dict(zip(flat[::2], flat[1::2], strict=True)))
-        cached = self._turn_cache.get(session_id, [])[:have]
-        turns = cached + [_TURN.validate_json(t) for t in raw_turns]
-        if len(turns) != header.turn_count:
-            # The cache does not match what is stored (a restore from backup?): read every turn.
-            turns = self.turns(session_id)
-        self._turn_cache[session_id] = turns
-        self._turn_cache.move_to_end(session_id)
-        while len(self._turn_cache) > 512:
-            self._turn_cache.popitem(last=False)
+        turns = self._transcript(session_id, header, raw_turns, have)
         calls = [merge_outcome(c, r) for c, r in zip(raw_calls, raw_results, strict=True) if c]
         return Loaded(
             header=header,
@@ -462,6 +501,63 @@ class Store:
             lease_holder=holder or "",
             journal=dict(zip(journal[::2], journal[1::2], strict=True)),
         )
+
+    def _transcript(
+        self, session_id: str, header: SessionHeader, raw_turns: list[str], have: int
+    ) -> list[UserTurn | LlmTurn]:
+        """The cached turns plus the `raw_turns` stored after them, if they are the stored
+        transcript (same digest: same content, not only the same count); else every stored turn."""
+        entry = self._turn_cache.get(session_id)
+        usable = entry is not None and have == len(entry.turns)
+        base = entry.digest if entry is not None and usable else ""
+        cached = entry.turns if entry is not None and usable else []
+        if header.turns_digest:
+            digest = turn_digest(base, raw_turns)
+            valid = digest == header.turns_digest
+        else:  # a session stored before digests: its count is all there is to check
+            digest = ""
+            valid = len(cached) + len(raw_turns) == header.turn_count
+        if entry is not None and (not valid or header.version < entry.version):
+            self._went_back(session_id, entry, header)
+        if valid:
+            turns = cached + [_TURN.validate_json(t) for t in raw_turns]
+        else:
+            raws = cast("list[str]", self.client.lrange(self.keys.turns(session_id), 0, -1))
+            turns = [_TURN.validate_json(t) for t in raws]
+            digest = turn_digest("", raws) if header.turns_digest else ""
+        self._turn_cache[session_id] = _Transcript(turns, digest, header.version)
+        self._turn_cache.move_to_end(session_id)
+        while len(self._turn_cache) > 512:
+            self._turn_cache.popitem(last=False)
+        return list(turns)
+
+    def _went_back(self, session_id: str, seen: _Transcript, stored: SessionHeader) -> None:
+        """Redis lost writes this process had read (a replica promoted before it had them, a power
+        cut with `appendfsync everysec`): log it and keep it where `agents doctor` shows it."""
+        record = {
+            "at": time.time(),
+            "seen_version": seen.version,
+            "seen_turns": len(seen.turns),
+            "stored_version": stored.version,
+            "stored_turns": stored.turn_count,
+        }
+        log.warning(
+            "session %s went back: Redis holds version %s (%s turns), not what this process read at version %s "
+            "(%s turns): Redis lost writes (failover, or power cut with appendfsync everysec?); the stored turns "
+            "are read again and the cached ones dropped",
+            session_id,
+            stored.version,
+            stored.turn_count,
+            seen.version,
+            len(seen.turns),
+        )
+        self.client.hset(self.keys.rewound, session_id, json.dumps(record))
+
+    def rewound(self, limit: int = 20) -> tuple[int, dict[str, dict[str, Any]]]:
+        """Sessions whose stored state went back under a worker (how many, and up to `limit`)."""
+        count = int(self.client.hlen(self.keys.rewound))
+        entries = itertools.islice(self.client.hscan_iter(self.keys.rewound, count=limit), limit)
+        return count, {sid: json.loads(raw) for sid, raw in entries}
 
     def turns(self, session_id: str) -> list[UserTurn | LlmTurn]:
         check_session_id(session_id)
@@ -485,10 +581,12 @@ class Store:
         ("ended", status) or ("missing", "")."""
         check_session_id(session_id)
         lease_ms = int(self.settings.lease_seconds * 1000)
-        have = len(self._turn_cache.get(session_id, []))
+        have = self._cached_turns(session_id)
         res = self._run("begin_step", session_id, [version, owner, lease_ms, request, have])
         if res[0] == "ok":
-            return "ok", self._loaded(session_id, res[1], have)
+            loaded = self._loaded(session_id, res[1], have)
+            loaded.redis_now = int(res[2]) / 1000
+            return "ok", loaded
         return res[0], (res[1] if len(res) > 1 else "")
 
     def renew_lease(self, key: str, owner: str) -> bool:
@@ -548,15 +646,19 @@ class Store:
             "events": [[k, json.dumps(d, ensure_ascii=False)] for k, d in events],
             "request": request,
         }
-        args: list[Any] = [header.version, owner, json.dumps(control, ensure_ascii=False)]
-        args.extend(t.model_dump_json(exclude_none=True) for t in new_turns)
+        turn_jsons = [t.model_dump_json(exclude_none=True) for t in new_turns]
+        # Sessions stored before digests keep none (their count is checked instead).
+        digest = turn_digest(header.turns_digest, turn_jsons) if header.turns_digest else ""
+        control["turns_digest"] = digest
+        args: list[Any] = [header.version, owner, json.dumps(control, ensure_ascii=False), *turn_jsons]
         for c in calls:
             args.extend((c.field, c.model_dump_json(exclude_defaults=True)))
         res = self._run("commit_step", sid, args, extra_keys=token_keys, now=now)
         if res[0] == "ok":
-            cached = self._turn_cache.get(sid)
-            if cached is not None and len(cached) == header.turn_count:
-                cached.extend(new_turns)
+            entry = self._turn_cache.get(sid)
+            if entry is not None and len(entry.turns) == header.turn_count and entry.digest == header.turns_digest:
+                entry.turns.extend(new_turns)
+                entry.digest, entry.version = digest, int(res[1])
             return "ok", int(res[1]), bool(res[2])
         return res[0], 0, False
 
@@ -599,9 +701,8 @@ class Store:
         deadline passed and expired it, the raised `TokenExpired` carries `wake_version` if the
         session must now be woken."""
         sid, secret = parse_token(token)
-        now = time.time() if now is None else now
         tkey = self.keys.token(sid, secret)
-        expired = outcome_json(CallState.EXPIRED, now=now, attempts=0)
+        expired = outcome_json(CallState.EXPIRED, now=time.time() if now is None else now, attempts=0)
         res = self._run(
             "complete_token", sid, [outcome, by, json.dumps(event or {}), expired], extra_keys=(tkey,), now=now
         )
@@ -645,7 +746,7 @@ class Store:
         return data
 
     def expire_call(self, session_id: str, field: str, now: float | None = None) -> Finished:
-        now = time.time() if now is None else now
+        """Expire a deferred call if its deadline has passed by Redis's clock (or by `now`)."""
         raw = self.client.hget(self.keys.calls(session_id), field)
         if raw is None:
             self.client.zrem(self.keys.deadlines, f"{session_id} {field}")
@@ -655,7 +756,7 @@ class Store:
             self.client.zrem(self.keys.deadlines, f"{session_id} {field}")
             return Finished(status="gone")
         tkey = self.keys.token(session_id, parse_token(call.token)[1])
-        outcome = outcome_json(CallState.EXPIRED, now=now, attempts=0)
+        outcome = outcome_json(CallState.EXPIRED, now=time.time() if now is None else now, attempts=0)
         res = self._run(
             "expire_call",
             session_id,
@@ -703,9 +804,9 @@ class Store:
         return int(res[1])
 
     def cancel(self, session_id: str, now: float | None = None) -> int:
-        now = time.time() if now is None else now
+        stamp = time.time() if now is None else now
         unfinished = [c for c in self.pending_calls(session_id)]
-        outcomes = {c.field: outcome_json(CallState.CANCELLED, now=now, attempts=c.attempts) for c in unfinished}
+        outcomes = {c.field: outcome_json(CallState.CANCELLED, now=stamp, attempts=c.attempts) for c in unfinished}
         tkeys = tuple(self.keys.token(session_id, parse_token(c.token)[1]) for c in unfinished if c.token)
         res = self._run("cancel_session", session_id, [json.dumps(outcomes)], extra_keys=tkeys, now=now)
         if res[0] == "missing":
@@ -719,11 +820,11 @@ class Store:
     def expire_due(self, now: float | None = None) -> list[tuple[str, Finished]]:
         """Expire every deferred call whose deadline has passed (what the worker sweeper does);
         returns (session id, what expiring did) for each."""
-        now = time.time() if now is None else now
+        now = self.server_time() if now is None else now
         return [(sid, self.expire_call(sid, field, now=now)) for sid, field in self.due_deadlines(now)]
 
     def live_workers(self, within: float = 15.0) -> list[dict[str, Any]]:
-        now = time.time()
+        now = self.server_time()  # heartbeats are stamped with Redis's clock (tasks/services.py)
         out = []
         for name, raw in self.client.hgetall(self.keys.workers).items():
             try:
@@ -783,6 +884,16 @@ class Store:
         """A lock on `key` (`keys.lock(name)`, a call's lease...) that expires after `seconds`
         unless extended; released atomically, only by the token that holds it."""
         return Lock(self.client, key, timeout=seconds, thread_local=False)
+
+    def acquire(self, lock: Lock, token: str) -> bool:
+        """Take `lock` for `token` now, without waiting. The client retries a SET whose reply was
+        lost: that retry finds the lock already `token`'s, which is taking it, not a refusal."""
+        if lock.acquire(blocking=False, token=token):
+            return True
+        if self.client.get(lock.name) != token:
+            return False
+        lock.local.token = token.encode()  # what `acquire` records on success (the client encodes UTF-8)
+        return True
 
     def owed(self, older_than: float, limit: int = 200) -> list[str]:
         return list(

@@ -11,7 +11,6 @@ import logging
 import os
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any, cast
 
@@ -46,7 +45,7 @@ def sweep_once(
     be waiting in a busy queue is left alone: duplicates would only add load. The decision and its
     bookkeeping are one script per entry (store/lua/sweep_*.lua): a published copy counts as not
     picked up, so it is not published again at every sweep while it waits in its queue."""
-    now = time.time() if now is None else now
+    now = store.server_time() if now is None else now  # owed and deadline scores are Redis times
     counts = {"owed": 0, "redispatched": 0, "expired": 0}
     k = store.keys
     r = store.client
@@ -156,8 +155,14 @@ class WorkerServices:
             try:
                 store = worker_context(self.settings).store
                 probe = probe or QueueProbe(self.settings, store.client)
-                now = time.time()
-                beat = {"pid": os.getpid(), "host": socket.gethostname(), "at": now, "queues": self.queues}
+                now = store.server_time()  # heartbeats are compared by other hosts: Redis's clock
+                beat = {
+                    "pid": os.getpid(),
+                    "host": socket.gethostname(),
+                    "at": now,
+                    "queues": self.queues,
+                    "retention_days": self.settings.retention_days,
+                }
                 if "isolated" in self.queues:
                     beat["sandbox"] = self._sandbox()
                 store.client.hset(store.keys.workers, self.name, json.dumps(beat))

@@ -132,7 +132,9 @@ class Supervisor:
     def run(self) -> int:
         from celery_agents.tasks.celery_app import settings
         from celery_agents.tasks.services import WorkerServices, worker_resources
+        from celery_agents.tools.sandbox import protect_process
 
+        protect_process()  # as every worker process: tools running as our user cannot read our keys
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
             signal.signal(sig, self._on_signal)
         ready_r, ready_w = os.pipe()
@@ -200,9 +202,14 @@ def child_main(role: str, parent: int, ready_fd: int, argv: list[str]) -> None:
 
     services.run_as_child(role)
     if role == "steps":
+        from celery_agents.llm.adapter import size_http_pool
+
+        threads = int(argv[argv.index("-c") + 1])
         # Every thread may publish at once (the next step, dispatched calls): one broker
-        # connection each, instead of queueing for kombu's default 10.
-        app.conf.broker_pool_limit = int(argv[argv.index("-c") + 1]) + 4
+        # connection each, instead of queueing for kombu's default 10. And every thread may
+        # wait on the model at once.
+        app.conf.broker_pool_limit = threads + 4
+        size_http_pool(threads + 4)
     app.worker_main(argv)
 
 

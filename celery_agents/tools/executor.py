@@ -111,9 +111,9 @@ class ToolRunner:
         if tool.mcp:
             from celery_agents.tools.mcp.calls import call_mcp
 
-            outcome, run = call_mcp(
-                agent, tool, args, limits, timeout, session_id, call, self.sandbox if self.isolated else None
-            )
+            sandbox = self.sandbox if self.isolated else None
+            network = _network(tool, agent, call.tool)
+            outcome, run = call_mcp(agent, tool, args, limits, timeout, session_id, call, sandbox, network)
             return outcome if run is None else _with_sandbox(outcome, run)
         if tool.script:
             script = resolve_argv([tool.script], agent.base_dir)[0]

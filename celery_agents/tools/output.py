@@ -14,6 +14,7 @@ import json
 from typing import Any
 
 from celery_agents.model import Media
+from celery_agents.model.limits import UnusableJson, load_json
 from celery_agents.scheduler.ports import CallOutcome
 
 
@@ -22,9 +23,9 @@ def parse_output(text: str) -> Any:
     stripped = text.strip()
     if stripped[:1] in '{["' or stripped in ("true", "false", "null") or _is_number(stripped):
         try:
-            return json.loads(stripped)
-        except json.JSONDecodeError:
-            pass
+            return load_json(stripped)
+        except (json.JSONDecodeError, UnusableJson):
+            pass  # not JSON, or JSON too deep to carry: the text itself is the result
     return stripped
 
 

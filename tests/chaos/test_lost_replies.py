@@ -7,11 +7,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
 from celery_agents import Client
 from celery_agents.config import Settings
 from celery_agents.model import CallState, UserQuery
 from celery_agents.runtime import run_step
+from celery_agents.runtime.completions import CompletionConsumer
 from celery_agents.store import Store, client_for_url, outcome_json
 from tests.chaos.conftest import report
 from tests.chaos.invariants import check_invariants
@@ -102,3 +104,48 @@ def test_record_result_whose_reply_was_lost_wakes_the_session(proxy: TcpProxy, p
         assert (finished.status, finished.woken) == ("ok", True), "this call finished the last one: wake the session"
     finally:
         store.client.close()
+
+
+def test_a_stream_completion_whose_reply_was_lost_is_applied_and_not_rejected(
+    proxy: TcpProxy, proxied: Settings
+) -> None:
+    llm = ScriptedLlm(llm_turn(("c1", "defer_t", "{}")), llm_turn(text="approved"))
+    with Client(proxied, inline=True, llm=llm, tools=RecordingTools()) as client:
+        store = client.store
+        sid = client.start(make_agent(), "pay", run=True).session_id
+        (pending,) = client.pending(sid)
+        store.client.xadd(store.keys.completions, {"token": pending.token or "", "result": '"yes"', "by": "erp"})
+        dropped = lose_reply(proxy, store, "complete_token")
+        CompletionConsumer(store, "consumer").poll(block_ms=None)
+        assert dropped.is_set()  # type: ignore[attr-defined]
+        assert store.client.xlen(store.keys.rejected) == 0, "the completion applied is not also logged as rejected"
+        assert client.pending(sid) == []
+        assert client.resume(sid).response == "approved"
+        check_invariants(store, sid)
+
+
+def test_the_proxy_holds_every_byte_while_hung(proxy: TcpProxy) -> None:
+    """The proxy's own check: a hung connection times out its client; once released it serves again."""
+    client = redis.Redis(port=proxy.port, socket_timeout=0.3)
+    try:
+        assert client.ping()
+        proxy.hang()
+        with pytest.raises(redis.TimeoutError):
+            client.ping()
+        proxy.release()
+        proxy.close_all()
+        assert client.ping()
+    finally:
+        client.close()
+
+
+def test_a_call_whose_lease_reply_was_lost_still_runs(proxy: TcpProxy, proxied: Settings) -> None:
+    llm = ScriptedLlm(llm_turn(("c1", "async_t", "{}")), llm_turn(text="done"))
+    tools = RecordingTools()
+    with Client(proxied, inline=True, llm=llm, tools=tools) as client:
+        dropped = proxy.drop_reply_to(":call-lease:")  # the SET NX that takes the call's lease
+        view = client.start(make_agent(), "go", run=True)
+        assert dropped.is_set()
+        assert view.state.value == "completed", "the call ran although the reply to taking its lease was lost"
+        assert [c.tool for c in tools.runs] == ["async_t"]
+        check_invariants(client.store, view.session_id)

@@ -5,6 +5,7 @@ agent files for real providers load and differ from each other only in how the m
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from typing import Any
@@ -58,6 +59,15 @@ def test_redis_keeps_every_write(services: dict[str, Any]) -> None:
     assert "redis-data:/data" in services["redis"]["volumes"]  # the AOF outlives the container
 
 
+def test_redis_wants_a_password_for_every_user(services: dict[str, Any]) -> None:
+    argv = _argv(services["redis"])
+    users = " ".join(argv[argv.index("--user") :]).split("--user")
+    assert [u.split()[:2] for u in users if u.strip()] == [["default", "off"], ["workers", "on"], ["completer", "on"]]
+    example = (ROOT / ".env.example").read_text()
+    for name in ("AGENTS_WORKERS_PASSWORD", "AGENTS_COMPLETER_PASSWORD", "AGENTS_SPEC_KEY"):
+        assert f"{name}=\n" in example, f".env.example asks for {name}"
+
+
 def test_every_agents_command_exists_with_its_options_and_queues(services: dict[str, Any]) -> None:
     consumed: set[str] = set()
     for name, service in services.items():
@@ -70,7 +80,12 @@ def test_every_agents_command_exists_with_its_options_and_queues(services: dict[
             assert set(queues) <= set(QUEUES), f"service {name} names unknown queues {queues}"
             consumed |= set(queues)
         env = service.get("environment", {})
-        assert env.get("AGENTS_REDIS_URL", "").startswith("redis://redis:"), name
+        assert re.match(
+            r"^redis://workers:\$\{AGENTS_WORKERS_PASSWORD:\?[^}]*\}@redis:6379/", env["AGENTS_REDIS_URL"]
+        ), name
+        assert env["AGENTS_SPEC_KEY"].startswith("${AGENTS_SPEC_KEY:?"), (
+            f"{name} signs specs with a key it must be given"
+        )
     assert consumed == set(QUEUES), "every queue needs a worker"
     workers = [
         _parse_agents(_argv(s)[1:])[1]["queues"] for s in services.values() if _argv(s)[:2] == ["agents", "worker"]

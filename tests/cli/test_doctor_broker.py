@@ -31,4 +31,4 @@ def test_an_unreachable_broker_is_a_failed_check(redis_url: str, prefix: str, tm
     assert "127.0.0.1" in check["detail"] and "s3cr3t-pw" not in run.stdout + run.stderr
     assert report["queues"] == {"steps": None, "tools": None, "isolated": None}
     human = agents("doctor", env=env)
-    assert "queues: steps ?, tools ?, isolated ? (the broker could not be read)" in human.stderr, human
+    assert "queues: steps ?, tools ?, isolated ? (the broker could not be read)" in human.stdout, human

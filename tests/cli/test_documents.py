@@ -139,11 +139,11 @@ def test_doctor_reports_checks(flow: dict[str, Any]) -> None:
     assert report["workers"]
 
 
-def test_without_json_stdout_stays_empty(flow: dict[str, Any]) -> None:
+def test_without_json_the_session_view_goes_to_stdout(flow: dict[str, Any]) -> None:
     run: Run = flow["show_human"]
     assert run.returncode == 0, str(run)
-    assert run.stdout == ""
-    assert flow["sid"] in run.stderr and "all done" in run.stderr
+    assert run.stderr == ""
+    assert flow["sid"] in run.stdout and "all done" in run.stdout
 
 
 def test_usage_errors_exit_2_with_an_error_document(qenv: dict[str, str], tmp_path: Path) -> None:

@@ -213,3 +213,15 @@ def test_api_key_env_cannot_name_a_worker_setting(where: str, name: str) -> None
     with pytest.raises(InvalidAgentFile) as info:
         parse_agent(data, "a.json")
     assert "apiKeyEnv" in info.value.message and name in info.value.message
+
+
+def test_an_mcp_servers_headers_cannot_carry_a_worker_setting() -> None:
+    from pydantic import ValidationError
+
+    from celery_agents.model.mcp import McpServer
+
+    with pytest.raises(ValidationError) as info:
+        McpServer.model_validate(
+            {"name": "s", "url": "http://127.0.0.1:9/mcp", "headersEnv": {"Authorization": "AGENTS_REDIS_URL"}}
+        )
+    assert "AGENTS_REDIS_URL" in str(info.value)

@@ -108,3 +108,12 @@ def test_a_runsync_image_reaches_the_model_as_media(
     )
     (call,) = shown.calls
     assert call["meta"]["media"][0]["mime_type"] == "image/png"
+
+
+def test_tool_output_too_deep_or_with_too_long_a_number_is_kept_as_text() -> None:
+    from celery_agents.tools.output import parse_output
+
+    deep = "[" * 100_000 + "]" * 100_000
+    assert parse_output(deep) == deep
+    huge = "9" * 10_000
+    assert parse_output(huge) == huge

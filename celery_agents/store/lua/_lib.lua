@@ -1,7 +1,8 @@
 -- Shared by every session script (prepended when scripts are loaded).
 -- KEYS: the session keys, then the shared keys, in the order of store/keys.py, then the call's
 -- request key; extra keys after.
--- ARGV[1] = now (seconds), ARGV[2] = events cap, ARGV[3] = session id; the rest per script.
+-- ARGV[1] = now in seconds (empty: Redis's clock; set only by tests), ARGV[2] = events cap,
+-- ARGV[3] = session id; the rest per script.
 local K = {
   meta = KEYS[1], turns = KEYS[2], calls = KEYS[3], results = KEYS[4], pending = KEYS[5],
   journal = KEYS[6], events = KEYS[7], lease = KEYS[8],
@@ -13,8 +14,16 @@ local STATE_KEYS = {
   completed = KEYS[17], failed = KEYS[18], cancelled = KEYS[19],
 }
 local NKEYS = 20
-local NOW = ARGV[1]
-local NOW_MS = math.floor(tonumber(ARGV[1]) * 1000)
+-- Durable times (deadlines compared, owed and index scores, updated times) come from Redis's clock,
+-- the one clock every worker shares; a worker's own clock may be off by any amount.
+local NOW_MS
+if ARGV[1] ~= '' then
+  NOW_MS = math.floor(tonumber(ARGV[1]) * 1000)
+else
+  local t = redis.call('TIME')
+  NOW_MS = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local NOW = string.format('%.3f', NOW_MS / 1000)
 local MAXLEN = ARGV[2]
 local SID = ARGV[3]
 
@@ -130,11 +139,20 @@ end
 -- Run a writing script once per request id: a call retried after its reply was lost (the client
 -- retries on connection errors) gets the first call's reply back instead of running again, so
 -- the outcome a caller reports is the true one. Kept long enough for any retry to arrive.
+-- A refusal changed nothing (or only added an event), so running it again answers the same: it is
+-- not kept, and a refused command leaves no key behind.
 local REQUEST_TTL_S = 600
+local REFUSALS = {
+  missing = true, unknown = true, exists = true, stale = true, ended = true, lost_lease = true,
+  already = true, early = true, completed = true, expired = true, cancelled = true,
+  active = true, changed = true, busy = true,
+}
 local function once(body)
   local seen = redis.call('GET', K.request)
   if seen then return cjson.decode(seen) end
   local reply = body()
-  redis.call('SET', K.request, cjson.encode(reply), 'EX', REQUEST_TTL_S)
+  if not REFUSALS[reply[1]] then
+    redis.call('SET', K.request, cjson.encode(reply), 'EX', REQUEST_TTL_S)
+  end
   return reply
 end

@@ -4,7 +4,7 @@
 --   {n_turns, n_calls, head, state, status, response, error, usage, steps_inc, batch, batch_size,
 --    owe (a step is owed next if the session is auto-driven at commit time),
 --    pending = [[field, created_ms]], dispatched = [field], tokens = [[field, expires_ms, call_id, tool, digest, reason]],
---    events = [[kind, data]], request}
+--    events = [[kind, data]], request, turns_digest (after the new turns; empty: none kept)}
 -- ARGV[7..] = n_turns turn JSONs, then n_calls pairs (field, call JSON).
 -- KEYS[NKEYS+1..] = one key per token, in the order of control.tokens.
 local m = redis.call('HMGET', K.meta, 'version', 'status')
@@ -41,6 +41,7 @@ redis.call('HINCRBY', K.meta, 'turn_count', c.n_turns)
 redis.call('HINCRBY', K.meta, 'steps', c.steps_inc)
 redis.call('HSET', K.meta, 'head', c.head, 'status', c.status, 'usage', c.usage,
   'response', c.response, 'error', c.error)
+if c.turns_digest ~= '' then redis.call('HSET', K.meta, 'turns_digest', c.turns_digest) end
 if c.batch >= 0 then redis.call('HSET', K.meta, 'batch', c.batch, 'batch_size', c.batch_size) end
 set_state(c.state)
 for _, e in ipairs(c.events) do emit(e[1], e[2]) end

@@ -53,8 +53,10 @@ def call_mcp(
     session_id: str,
     call: TrackedCall,
     sandbox: Sandbox | None,
+    network: bool = False,
 ) -> tuple[CallOutcome, SandboxRun | None]:
-    """The call's outcome, and how the sandbox ran it (None when it ran in this process)."""
+    """The call's outcome, and how the sandbox ran it (None when it ran in this process);
+    `network`: whether a sandboxed run keeps the network."""
     ref = tool.mcp
     server = agent.mcp_server(ref.server) if ref is not None else None
     if ref is None or server is None:
@@ -64,7 +66,8 @@ def call_mcp(
     try:
         target = target_for(server, agent.base_dir)
         if sandbox is not None:
-            return _isolated(sandbox, target, ref.tool, args, call_meta(session_id, call), limits, timeout, tool)
+            meta = call_meta(session_id, call)
+            return _isolated(sandbox, target, ref.tool, args, meta, limits, timeout, tool, network)
         raw = pool().call(target, ref.tool, args, call_meta(session_id, call), timeout)
     except McpCallError as exc:
         return failed(exc, (time.monotonic() - started) * 1000), None
@@ -80,12 +83,14 @@ def _isolated(
     limits: Limits,
     timeout: float,
     spec: ToolSpec,
+    network: bool,
 ) -> tuple[CallOutcome, SandboxRun]:
     """Start the server and a one-shot client inside the sandbox, for this call only."""
     paths = python_paths()
     request = {
         "path": paths,
-        "target": {"argv": list(target.argv), "env": dict(target.env), "cwd": target.cwd, "url": target.url},
+        # The server works in the run's own directory, as a sandboxed command does.
+        "target": {"argv": list(target.argv), "env": dict(target.env), "cwd": None, "url": target.url},
         "headers": dict(target.headers),
         "label": target.label,
         "tool": tool,
@@ -102,7 +107,7 @@ def _isolated(
         env_names=spec.env,
         limits=limits,
         timeout=timeout + _TEARDOWN,
-        network=spec.network,
+        network=network,
         readable=[*python_install(), *([target.cwd] if target.cwd else [])],
         needs=[sys.executable, *paths, *_program_paths(list(target.argv))],
     )
@@ -113,7 +118,10 @@ def _isolated(
     except json.JSONDecodeError:
         answer = None
     if isinstance(answer, dict) and "error" in answer:
-        err = McpCallError(str(answer["error"]), timed_out=bool(answer.get("timed_out")))
+        text = str(answer["error"])
+        if target.url is not None and not network:
+            text += ' (a runIsolated call has no network unless its rule or server entry says "network": true)'
+        err = McpCallError(text, timed_out=bool(answer.get("timed_out")))
         return failed(err, proc.duration_ms), run
     if isinstance(answer, dict) and isinstance(answer.get("result"), dict):
         return outcome_of_result(answer["result"], cap, proc.duration_ms), run

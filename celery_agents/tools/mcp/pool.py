@@ -15,10 +15,11 @@ import asyncio
 import atexit
 import concurrent.futures
 import contextlib
+import importlib.util
 import logging
 import os
-import tempfile
 import threading
+import time
 from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
 from typing import IO, Any, TypeVar
@@ -70,7 +71,7 @@ class _Connection:
     task: asyncio.Task[None] | None = None
     in_flight: int = 0
     retired: bool = False
-    errlog: IO[bytes] | None = None
+    errors: _ErrorTail | None = None
 
     def __post_init__(self) -> None:
         self.ready = self.loop.create_future()
@@ -78,15 +79,7 @@ class _Connection:
         self.ready.add_done_callback(lambda f: f.cancelled() or f.exception())
 
     def stderr_tail(self) -> str:
-        if self.errlog is None:
-            return ""
-        try:
-            self.errlog.flush()
-            size = self.errlog.seek(0, os.SEEK_END)
-            self.errlog.seek(max(0, size - _STDERR_TAIL))
-            return self.errlog.read().decode(errors="replace").strip()
-        except (OSError, ValueError):
-            return ""
+        return self.errors.text() if self.errors is not None else ""
 
     async def run(self) -> None:
         """Hold the connection open until stopped or the server's output ends."""
@@ -95,6 +88,8 @@ class _Connection:
         try:
             client_info = Implementation(name="celery-agents", version="1")
             async with Client(self._transport(), cache=None, client_info=client_info) as client:
+                if self.errors is not None:
+                    self.errors.started()
                 self.ready.set_result(client)
                 waiters = [asyncio.ensure_future(self.stop.wait()), asyncio.ensure_future(self.closed.wait())]
                 try:
@@ -104,25 +99,78 @@ class _Connection:
                         w.cancel()
         except BaseException as exc:
             if not self.ready.done():
-                self.ready.set_exception(exc)
+                # Callers waiting for it get an error they can report, even when it was stopped.
+                failure = exc if isinstance(exc, Exception) else ConnectionAbortedError("stopped before it was ready")
+                self.ready.set_exception(failure)
             elif not isinstance(exc, asyncio.CancelledError | Exception):
                 raise
             else:
                 log.debug("MCP server %s: connection ended: %r", self.target.label, exc)
         finally:
             self.closed.set()
-            if self.errlog is not None:
-                with contextlib.suppress(OSError):
-                    self.errlog.close()
+            if self.errors is not None:
+                self.errors.close()
 
     def _transport(self) -> Any:
         if self.target.url is not None:
             return _http_transport(self.target)
-        self.errlog = tempfile.TemporaryFile()  # noqa: SIM115 - closed when the connection ends
-        return _watched(_stdio_transport(self.target, self.errlog), self.closed)
+        self.errors = _ErrorTail(self.loop)
+        return _watched(_stdio_transport(self.target, self.errors.writer), self.closed)
 
 
-def _stdio_transport(target: Target, errlog: IO[bytes]) -> Any:
+class _ErrorTail:
+    """The end of a stdio server's error output, kept in memory for the message of a failed call
+    (a server that writes a lot fills neither a disk nor the worker's log)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._read_fd, write_fd = os.pipe()
+        os.set_blocking(self._read_fd, False)
+        #: the server's stderr; this process's copy is closed once the server has started
+        self.writer: IO[bytes] | None = os.fdopen(write_fd, "wb", buffering=0)
+        self._tail = bytearray()
+        self._open = True
+        loop.add_reader(self._read_fd, self._readable)
+
+    def _readable(self) -> None:
+        if self._drain():
+            self.close()
+
+    def _drain(self) -> bool:
+        """Read what the pipe holds; True once the server's end is closed."""
+        while True:
+            try:
+                chunk = os.read(self._read_fd, 65536)
+            except BlockingIOError:
+                return False
+            except OSError:
+                return True
+            if not chunk:
+                return True
+            self._tail += chunk
+            del self._tail[:-_STDERR_TAIL]
+
+    def started(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+    def text(self) -> str:
+        if self._open:
+            self._drain()
+        return self._tail.decode(errors="replace").strip()
+
+    def close(self) -> None:
+        if not self._open:
+            return
+        self._open = False
+        self.started()
+        self._drain()
+        self._loop.remove_reader(self._read_fd)
+        os.close(self._read_fd)
+
+
+def _stdio_transport(target: Target, errlog: IO[bytes] | None) -> Any:
     from mcp.client.stdio import StdioServerParameters, stdio_client
 
     params = StdioServerParameters(
@@ -179,6 +227,11 @@ class McpPool:
         self._pid: int | None = None
         self._conns: dict[str, _Connection] = {}
 
+    def forget(self) -> None:
+        """In a forked child: the parent's loop thread and servers are not ours (nothing to stop)."""
+        self._lock = threading.Lock()
+        self._loop, self._pid, self._conns = None, None, {}
+
     # -- the loop ------------------------------------------------------------------------------
     def _running_loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
@@ -191,19 +244,29 @@ class McpPool:
 
     def _wait(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
         """Run `coro` on the loop; a cancelled session stops waiting (and the call) at once."""
+        if importlib.util.find_spec("mcp") is None:
+            coro.close()
+            raise McpCallError("MCP servers need the MCP SDK here: pip install 'celery-agents[mcp]'")
         future = asyncio.run_coroutine_threadsafe(coro, self._running_loop())
-        waited = 0.0
-        while True:
-            try:
-                return future.result(timeout=_POLL)
-            except concurrent.futures.TimeoutError:
-                waited += _POLL
-                if cancelled():
-                    future.cancel()
-                    raise McpCallError("the call was cancelled with its session") from None
-                if waited > timeout + _BACKSTOP:
-                    future.cancel()
-                    raise McpCallError(f"no answer within {timeout:g} s", timed_out=True, retryable=True) from None
+        give_up = time.monotonic() + timeout + _BACKSTOP
+        while not future.done():
+            concurrent.futures.wait([future], timeout=_POLL)
+            if future.done():
+                break
+            if cancelled():
+                future.cancel()
+                raise McpCallError("the call was cancelled with its session")
+            if time.monotonic() > give_up:
+                future.cancel()
+                raise McpCallError(f"no answer within {timeout:g} s", timed_out=True, retryable=True)
+        try:
+            return future.result()
+        except McpCallError:
+            raise
+        except concurrent.futures.CancelledError:
+            raise McpCallError("the call was stopped with its MCP server", retryable=True) from None
+        except Exception as exc:  # a fault of ours or of the SDK: still only this call fails
+            raise McpCallError(f"the MCP call failed: {exc!r}") from None
 
     # -- what callers use -----------------------------------------------------------------------
     def list_tools(self, target: Target, timeout: float) -> list[dict[str, Any]]:
@@ -229,7 +292,8 @@ class McpPool:
             self._loop = None
 
     # -- on the loop ---------------------------------------------------------------------------
-    async def _connection(self, target: Target) -> _Connection:
+    async def _connection(self, target: Target, timeout: float) -> _Connection:
+        """This process's open connection to `target`, started (and waited for) when there is none."""
         conn = self._conns.get(target.key)
         if conn is not None and (conn.closed.is_set() or conn.retired):
             self._retire(conn)
@@ -238,7 +302,16 @@ class McpPool:
             conn = _Connection(target, asyncio.get_running_loop())
             self._conns[target.key] = conn
             conn.task = asyncio.ensure_future(conn.run())
-        await asyncio.shield(conn.ready)
+        try:
+            await asyncio.wait_for(asyncio.shield(conn.ready), timeout)
+        except TimeoutError:
+            self._retire(conn)
+            raise McpCallError(
+                f"the MCP server {target.label} did not start within {timeout:g} s", timed_out=True, retryable=True
+            ) from None
+        except Exception as exc:
+            self._retire(conn)
+            raise McpCallError(_cannot_start(target, exc, conn.stderr_tail()), retryable=True) from None
         return conn
 
     def _retire(self, conn: _Connection) -> None:
@@ -257,21 +330,7 @@ class McpPool:
 
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        try:
-            conn = await asyncio.wait_for(self._connection(target), timeout)
-        except TimeoutError:
-            stuck = self._conns.get(target.key)
-            if stuck is not None and not stuck.ready.done():
-                self._retire(stuck)
-            raise McpCallError(
-                f"the MCP server {target.label} did not start within {timeout:g} s", timed_out=True, retryable=True
-            ) from None
-        except Exception as exc:
-            failed = self._conns.get(target.key)
-            tail = failed.stderr_tail() if failed is not None else ""
-            if failed is not None:
-                self._retire(failed)
-            raise McpCallError(_cannot_start(target, exc, tail), retryable=True) from None
+        conn = await self._connection(target, timeout)
         conn.in_flight += 1
         try:
             return await asyncio.wait_for(action(conn.ready.result(), *args), max(0.01, deadline - loop.time()))
@@ -287,8 +346,9 @@ class McpPool:
             if exc.error.code == CONNECTION_CLOSED or conn.closed.is_set():
                 self._retire(conn)
                 tail = conn.stderr_tail()
+                what = "closed the connection" if target.url is not None else "exited"
                 raise McpCallError(
-                    f"the MCP server {target.label} exited during the call"
+                    f"the MCP server {target.label} {what} during the call"
                     + (f"; its last error output: {tail}" if tail else "")
                 ) from None
             raise McpCallError(f"the MCP server {target.label} refused the call: {exc.error.message}") from None
@@ -339,6 +399,8 @@ def _cannot_start(target: Target, exc: BaseException, tail: str) -> str:
 
 _pool = McpPool()
 atexit.register(_pool.close)
+# A fork may happen while another thread holds the pool's lock: the child starts with a free one.
+os.register_at_fork(after_in_child=_pool.forget)
 
 
 def pool() -> McpPool:

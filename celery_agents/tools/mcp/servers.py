@@ -1,5 +1,6 @@
 """An `mcpServers` entry as the process that calls it reaches it (`Target`): the command resolved
-against the agent file's folder, or the URL with its headers' values read from this environment."""
+against the agent file's folder with its `passEnv` values read from this environment, or the URL
+with its headers' values read from this environment."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ def target_for(server: McpServer, base_dir: str | None) -> Target:
     if server.command is not None:
         cwd = base_dir if base_dir and os.path.isdir(base_dir) else None
         argv = tuple(resolve_argv(list(server.command), base_dir))
-        return Target(key=key, label=label, argv=argv, env=tuple(sorted(server.env.items())), cwd=cwd)
+        passed = {name: os.environ[name] for name in server.pass_env if name in os.environ}
+        env = tuple(sorted({**passed, **server.env}.items()))
+        return Target(key=key, label=label, argv=argv, env=env, cwd=cwd)
     headers = []
     for header, variable in sorted(server.headers_env.items()):
         value = os.environ.get(variable)

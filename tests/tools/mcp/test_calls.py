@@ -132,3 +132,137 @@ def test_an_isolated_call_starts_the_server_inside_the_sandbox_for_that_call(age
     assert any(k.startswith("HOME") for k in out.result["env"])
     image = run(agent, "mcp__sample__image", {}, isolated=True)
     assert [m.mime_type for m in image.media] == ["image/png"]
+
+
+def test_an_isolated_call_of_an_http_server_needs_the_network_its_entry_allows(
+    http_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from celery_agents.tools import Sandbox, SandboxConfig
+
+    if Sandbox(SandboxConfig()).bwrap() is None:
+        pytest.skip("only bubblewrap cuts the network here")
+    monkeypatch.setenv("SAMPLE_TOKEN", "Bearer t0ken")
+    entry = {"name": "web", "url": http_server, "headersEnv": {"Authorization": "SAMPLE_TOKEN"}}
+    cut = run(mcp_agent([entry]), "mcp__web__add", {"a": 1, "b": 2}, isolated=True)
+    assert cut.state == "failed" and '"network": true' in (cut.error or "")
+    allowed = run(mcp_agent([{**entry, "network": True}]), "mcp__web__whoami", {}, isolated=True)
+    assert allowed.state == "completed", allowed.error
+    assert allowed.result["authorization"] == "Bearer t0ken"
+    rule = {"tool": "mcp__web__*", "disposition": {"tag": "runIsolated", "network": True}}
+    by_rule = run(
+        mcp_agent([entry], rules=[rule], executionMode="asynchronous"), "mcp__web__add", {"a": 1, "b": 2}, isolated=True
+    )
+    assert (by_rule.state, by_rule.result) == ("completed", {"result": 3}), "a rule's network: true opens it too"
+
+
+def test_pass_env_gives_a_stdio_server_a_secret_that_is_never_stored(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SAMPLE_SECRET", "s3cret-value")
+    monkeypatch.setenv("OTHER_SECRET", "not-for-the-server")
+    agent = mcp_agent([sample_stdio(name="keyed", passEnv=["SAMPLE_SECRET"])])
+    assert "s3cret-value" not in agent.to_json()
+    for isolated in (False, True):
+        out = run(agent, "mcp__keyed__whoami", {}, isolated=isolated)
+        assert out.state == "completed", out.error
+        assert "SAMPLE_SECRET" in out.result["env"] and "OTHER_SECRET" not in out.result["env"], isolated
+
+
+def test_a_call_stops_when_its_session_is_cancelled() -> None:
+    import threading
+
+    from celery_agents.tools.cancel import cancellable
+
+    long = mcp_agent([sample_stdio()])  # no timeout rule: the default 300 s
+    stop = threading.Event()
+    threading.Timer(1.0, stop.set).start()
+    started = time.monotonic()
+    with cancellable(stop):
+        out = run(long, "mcp__sample__sleep", {"seconds": 60})
+    assert out.state == "failed" and "cancelled" in (out.error or "")
+    assert time.monotonic() - started < 10
+
+
+def test_calls_from_many_threads_share_one_server_and_a_timeout_spares_the_others(agent: AgentSpec) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    patient = mcp_agent(
+        [sample_stdio(env={"MARKER": "from-the-agent-file"})],  # the same server as `agent`'s
+        rules=[{"tool": "mcp__sample__sleep", "disposition": {"tag": "runSync", "timeoutSeconds": 60}}],
+        executionMode="asynchronous",
+    )
+    with ThreadPoolExecutor(8) as threads:
+        pids = set(
+            threads.map(lambda i: run(agent, "mcp__sample__whoami", {}, session=f"t{i}").result["pid"], range(8))
+        )
+    assert len(pids) == 1, "one server for every thread of the process"
+    with ThreadPoolExecutor(2) as threads:
+        hung = threads.submit(run, agent, "mcp__sample__sleep", {"seconds": 60})  # cut off at 2 s
+        time.sleep(0.5)
+        slow = threads.submit(run, patient, "mcp__sample__sleep", {"seconds": 4})
+        assert hung.result().meta.get("timed_out")
+        done = slow.result()
+    assert (done.state, done.result) == ("completed", {"result": "slept 4 s"}), "the other call finished first"
+    (pid,) = pids
+    deadline = time.monotonic() + 15
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not pid_alive(pid), "then the retired server was stopped"
+
+
+def test_a_server_that_dies_during_a_call_fails_it_with_its_last_words_and_is_restarted(agent: AgentSpec) -> None:
+    out = run(agent, "mcp__sample__crash", {})
+    assert out.state == "failed" and "exited during the call" in (out.error or "")
+    assert "crashing on purpose" in (out.error or ""), "the model sees what the server said"
+    assert run(agent, "mcp__sample__add", {"a": 1, "b": 1}).result == {"result": 2}
+
+
+def test_an_http_server_that_went_away_fails_the_call_and_is_reached_again_when_back() -> None:
+    import socket
+    import subprocess
+
+    from tests.tools.mcp.conftest import SAMPLE, free_port
+
+    port = free_port()
+
+    def start() -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen([sys.executable, str(SAMPLE), "http", str(port)], stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                return proc
+            except OSError:
+                time.sleep(0.05)
+        proc.kill()
+        raise RuntimeError("the HTTP sample server did not start")
+
+    server = start()
+    try:
+        agent = mcp_agent([{"name": "web", "url": f"http://127.0.0.1:{port}/mcp"}])
+        first = run(agent, "mcp__web__whoami", {}).result["pid"]
+        server.kill()
+        server.wait()
+        down = run(agent, "mcp__web__whoami", {})
+        assert down.state == "failed" and "'web'" in (down.error or "")
+        server = start()
+        back = run(agent, "mcp__web__whoami", {})
+        assert back.state == "completed" and back.result["pid"] not in (first, None), back.error
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_a_forked_child_starts_its_own_server_and_leaves_the_parents_alone(agent: AgentSpec) -> None:
+    parent_server = run(agent, "mcp__sample__whoami", {}).result["pid"]
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child: a prefork pool process would be here
+        try:
+            out = run(agent, "mcp__sample__whoami", {})
+            os.write(write, str(out.result["pid"] if out.state == "completed" else out.error).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    answer = os.read(read, 4096).decode()
+    os.waitpid(child, 0)
+    assert answer.isdigit() and int(answer) != parent_server, answer
+    assert pid_alive(parent_server) and run(agent, "mcp__sample__whoami", {}).result["pid"] == parent_server

@@ -1,0 +1,139 @@
+"""`agents mcp-server`: celery-agents itself as an MCP server (stdio), so another assistant can
+start durable sessions, read their state and pending calls, and complete continuation tokens.
+
+Every tool is one `celery_agents.Client` operation and answers with the CLI's `--json` document:
+`start_session` (the session view), `session_status` (the view; `detail` adds the transcript),
+`pending` (`{"pending": [...]}`), `complete` (the completion document). A refused operation is a
+tool error whose text starts with the contract's error code (`unknown_token: ...`).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from celery_agents.client import Client
+from celery_agents.errors import AgentsError, InvalidInput, WaitTimeout
+
+T = TypeVar("T")
+
+INSTRUCTIONS = (
+    "Durable LLM agent sessions. start_session starts one from an agent file and a prompt and drives "
+    "it until it completes or waits on outside work; pending lists calls waiting for a decision, each "
+    "with a token; complete answers one (result, or error text); session_status shows where a session is."
+)
+
+
+def _refusals_as_tool_errors(operation: Callable[..., T]) -> Callable[..., T]:
+    """The contract's errors reach the calling model as tool errors naming their code."""
+
+    @functools.wraps(operation)
+    def wrapped(*args: Any, **kwargs: Any) -> T:
+        from mcp.server.mcpserver.exceptions import ToolError
+
+        try:
+            return operation(*args, **kwargs)
+        except AgentsError as exc:
+            raise ToolError(f"{exc.code}: {exc.message}") from None
+
+    return wrapped
+
+
+class SessionTools:
+    """The operations behind the tools, over one client (thread-safe: each is a few Redis calls)."""
+
+    def __init__(self, client: Client, wait_seconds: float) -> None:
+        self.client = client
+        self.wait_seconds = wait_seconds
+
+    def start_session(
+        self, prompt: str, agent_file: str | None = None, agent: dict[str, Any] | None = None, run: bool = True
+    ) -> dict[str, Any]:
+        from celery_agents.model import parse_agent
+
+        if (agent_file is None) == (agent is None):
+            raise InvalidInput("give agent_file (a path) or agent (the agent file's JSON object), not both")
+        spec: Any = agent_file
+        if agent is not None:
+            spec = parse_agent(agent, "agent", base_dir=os.getcwd())
+        elif agent_file is not None:
+            spec = Path(agent_file).expanduser()
+        try:
+            view = self.client.start(spec, prompt, run=run, timeout=self.wait_seconds)
+        except WaitTimeout as exc:
+            # Still working: the assistant looks again with session_status.
+            view = self.client.view(str(exc.details["session_id"]))
+        return view.to_json()
+
+    def session_status(self, session_id: str, detail: bool = False) -> dict[str, Any]:
+        view = self.client.show(session_id, detail=detail)
+        return view.to_json()
+
+    def pending(self, session_id: str | None = None) -> dict[str, Any]:
+        return {"pending": [p.model_dump(mode="json") for p in self.client.pending(session_id)]}
+
+    def complete(
+        self, token: str, result: Any = None, error: str | None = None, by: str | None = None
+    ) -> dict[str, Any]:
+        if error is not None and result is not None:
+            raise InvalidInput("give result or error, not both")
+        if error is None and result is None:
+            raise InvalidInput("give the call's result (any JSON value), or error (text) to fail it")
+        client = self.client
+        outcome = client.complete(token, error if error is not None else result, error=error is not None, by=by)
+        if outcome.woken and client.inline and not client.store.live_workers():
+            # No worker will take the woken session: drive it here, as the CLI's inline commands do.
+            client.resume(outcome.session_id, timeout=self.wait_seconds)
+        return outcome.model_dump(mode="json")
+
+
+def build_server(tools: SessionTools) -> Any:
+    """The MCP server with the four tools."""
+    from mcp.server.mcpserver import MCPServer
+
+    server = MCPServer("celery-agents", instructions=INSTRUCTIONS, log_level="WARNING")
+
+    @server.tool()
+    @_refusals_as_tool_errors
+    def start_session(
+        prompt: str, agent_file: str | None = None, agent: dict[str, Any] | None = None, run: bool = True
+    ) -> dict[str, Any]:
+        """Start a durable agent session from an agent file (path) or agent object and a prompt.
+        With run (the default) it is driven until it completes or waits on outside work; the
+        answer is the session view: state, pending calls (with tokens), response."""
+        return tools.start_session(prompt, agent_file, agent, run)
+
+    @server.tool()
+    @_refusals_as_tool_errors
+    def session_status(session_id: str, detail: bool = False) -> dict[str, Any]:
+        """The session view of a session (any unique prefix of its id); detail adds the transcript."""
+        return tools.session_status(session_id, detail)
+
+    @server.tool()
+    @_refusals_as_tool_errors
+    def pending(session_id: str | None = None) -> dict[str, Any]:
+        """Unfinished calls of one session, or of all: tool, arguments, reason, and the token of
+        each deferred call."""
+        return tools.pending(session_id)
+
+    @server.tool()
+    @_refusals_as_tool_errors
+    def complete(token: str, result: Any = None, error: str | None = None, by: str | None = None) -> dict[str, Any]:
+        """Complete a deferred call by its token: result (any JSON value) approves it with that
+        result, error (text) fails it. A session driven automatically then continues by itself."""
+        return tools.complete(token, result, error, by)
+
+    return server
+
+
+def serve_stdio(wait_seconds: float = 120.0) -> None:
+    """Serve over stdin/stdout until the client closes them."""
+    import importlib.util
+
+    if importlib.util.find_spec("mcp") is None:
+        raise InvalidInput("agents mcp-server needs the MCP SDK: pip install 'celery-agents[mcp]'")
+    with Client() as client:
+        build_server(SessionTools(client, wait_seconds)).run("stdio")

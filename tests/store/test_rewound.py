@@ -1,0 +1,47 @@
+"""Redis loses writes a process had read (failover, power cut) and the session moves on from the
+older state: the cached transcript is checked by content, never by count alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery_agents.model import LlmTurn
+from celery_agents.store import Store
+from tests.scheduler.fakes import ScriptedLlm, llm_turn
+from tests.store.scenario import begin, start, step
+
+
+def lose_writes_since(store: Store, sid: str, saved: dict[str, bytes]) -> None:
+    """Put the session's keys back as they were when `saved` (as after a replica promotion)."""
+    for key, dump in saved.items():
+        store.client.restore(key, 0, dump, replace=True)
+
+
+def saved_keys(store: Store, sid: str) -> dict[str, bytes]:
+    keys = [store.keys.meta(sid), store.keys.turns(sid)]
+    return {k: store.client.dump(k) for k in keys}  # type: ignore[misc]
+
+
+def test_a_transcript_that_went_back_and_moved_on_is_read_again(store: Store, stores: Any) -> None:
+    sid = start(store)
+    before = saved_keys(store, sid)
+    step(store, sid, ScriptedLlm(llm_turn(("lost", "sync_a", "{}"))), owner="worker-a")
+    lose_writes_since(store, sid, before)
+    step(stores(), sid, ScriptedLlm(llm_turn(("kept", "sync_a", "{}"))), owner="worker-b")
+    assert store.header(sid).turn_count == 2  # the same count as the lost transcript
+
+    loaded = begin(store, sid, "worker-a")
+    head = loaded.turns[-1]
+    assert isinstance(head, LlmTurn) and [c.id for c in head.tool_calls] == ["kept"]
+    count, rewound = store.rewound()
+    assert count == 1 and rewound[sid]["seen_version"] == 2 and rewound[sid]["stored_version"] == 2
+
+
+def test_a_transcript_read_as_stored_is_not_reported(store: Store, stores: Any) -> None:
+    sid = start(store)
+    llm = ScriptedLlm(llm_turn(("c1", "sync_a", "{}")), llm_turn(text="done"))
+    other = stores()
+    for s in (store, other, store):
+        step(s, sid, llm)
+    assert store.rewound()[0] == 0
+    assert store.header(sid).turns_digest
