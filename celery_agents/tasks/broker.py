@@ -96,9 +96,11 @@ _create_client = kombu_redis.Channel._create_client
 
 def _create_client_if_open(self: Any, asynchronous: bool = False) -> Any:
     transport = self.connection
-    if transport is None or transport.client is None:
-        # What kombu would raise had it still known the server: one of its connection errors,
-        # which kombu and Celery handle (log, reconnect), where an AttributeError stops the worker.
+    pool = self._async_pool if asynchronous else self._pool
+    if pool is None and (transport is None or transport.client is None):
+        # kombu would read the server's address from the closed connection and raise
+        # AttributeError. A connection error instead is what kombu and Celery handle (log,
+        # reconnect); a channel that still has its pool goes on as before.
         raise redis.ConnectionError("this broker channel was closed with its connection")
     return _create_client(self, asynchronous)  # type: ignore[no-untyped-call]  # kombu is untyped
 
