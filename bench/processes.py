@@ -147,22 +147,14 @@ class Processes:
             time.sleep(0.02)
         raise RuntimeError(f"redis-server did not start; log:\n{self.log_tail('redis')}")
 
-    def agents_worker(self, env: dict[str, str], concurrency: int, name: str) -> subprocess.Popen[bytes]:
-        args = [
-            sys.executable,
-            "-m",
-            "celery_agents.cli.main",
-            "worker",
-            "--queues",
-            "steps,tools,isolated",
-            "--concurrency",
-            str(concurrency),
-            "--name",
-            name,
-            "--loglevel",
-            "WARNING",
-        ]
-        return self.start(name.split("@")[0], args, env)
+    def agents_worker(
+        self, env: dict[str, str], step_processes: int | None, name: str, queues: str = "steps,tools,isolated"
+    ) -> subprocess.Popen[bytes]:
+        """`agents worker` as a user starts it (`step_processes` None: its default, one per core)."""
+        args = [sys.executable, "-m", "celery_agents.cli.main", "worker", "--queues", queues, "--name", name]
+        if step_processes:
+            args += ["--step-processes", str(step_processes)]
+        return self.start(name.split("@")[0], [*args, "--loglevel", "WARNING"], env)
 
     def bare_worker(self, env: dict[str, str], concurrency: int, name: str) -> subprocess.Popen[bytes]:
         from celery_agents.tasks.config import worker_argv
@@ -173,9 +165,68 @@ class Processes:
             "celery",
             "-A",
             "bench.bare_celery",
-            *worker_argv(["bare"], concurrency, "WARNING", name),  # the same flags as `agents worker`
+            *worker_argv(["bare"], concurrency, "WARNING", name),  # the same flags as `agents worker`'s tools
         ]
         return self.start(name.split("@")[0], args, env)
+
+    def naive_workers(
+        self, env: dict[str, str], processes: int, threads: int, name: str
+    ) -> list[subprocess.Popen[bytes]]:
+        """The naive loop's Celery workers: as many threads-pool processes as `agents worker` runs for
+        steps, with as many threads each."""
+        from celery_agents.tasks.config import worker_argv
+
+        node, _, host = name.partition("@")
+        out = []
+        for i in range(processes):
+            argv = worker_argv(["naive"], threads, "WARNING", f"{node}{i}@{host}", "threads")
+            out.append(
+                self.start(f"{node}{i}", [sys.executable, "-m", "celery", "-A", "bench.naive_celery", *argv], env)
+            )
+        return out
+
+    def slow_model(self, delay: float) -> str:
+        """The local model server that answers after `delay` seconds (`bench/slow_model.py`); its URL."""
+        port = free_port()
+        proc = self.start(
+            "slow-model",
+            [sys.executable, str(ROOT / "bench" / "slow_model.py"), "--delay", str(delay), "--port", str(port)],
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the slow model server exited:\n{self.log_tail('slow-model')}")
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return f"http://127.0.0.1:{port}/v1"
+            time.sleep(0.05)
+        raise RuntimeError("the slow model server did not start")
+
+
+def tree_pids(pid: int) -> list[int]:
+    """A process and all its descendants (Linux /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            f = _stat(int(entry.name))
+            if f is not None:
+                children.setdefault(int(f[1]), []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def tree_rss_mb(pid: int) -> float:
+    """Resident memory of a process and its descendants, summed (MB; shared pages count in each)."""
+    total_kb = 0
+    for p in tree_pids(pid):
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total_kb += int(line.split()[1])
+    return total_kb / 1024
 
 
 def _stat(pid: int) -> list[str] | None:
@@ -187,18 +238,17 @@ def _stat(pid: int) -> list[str] | None:
 
 
 def tree_cpu_seconds(pid: int) -> float:
-    """CPU time (user + system) of a process, its reaped children and its live children (Linux
+    """CPU time (user + system) of a process, its reaped children and its live descendants (Linux
     /proc; 0.0 elsewhere). A pool process recycled during a run still counts once reaped."""
     tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
     fields = _stat(pid)
     if fields is None:
         return 0.0
-    total = sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and entry.name != str(pid):
-            f = _stat(int(entry.name))
-            if f is not None and f[1] == str(pid):
-                total += sum(int(x) for x in f[11:13])
+    total = 0
+    for p in tree_pids(pid):
+        f = fields if p == pid else _stat(p)
+        if f is not None:
+            total += sum(int(x) for x in f[11:15])  # utime stime, and cutime cstime of reaped children
     return total / tick
 
 
@@ -223,9 +273,10 @@ def agents_env(redis_url: str, prefix: str, **extra: str) -> dict[str, str]:
 
 
 def wait_heartbeat(
-    client: redis.Redis, prefix: str, name: str, proc: subprocess.Popen[bytes], timeout: float = 90
+    client: redis.Redis, prefix: str, name: str, proc: subprocess.Popen[bytes], timeout: float = 300
 ) -> None:
-    """Wait until the `agents` worker `name` has written its heartbeat."""
+    """Wait until the `agents` worker `name` has written its heartbeat (once all its Celery workers
+    are ready: each steps process imports litellm, which takes minutes on a crowded machine)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import sys
 import time
 import uuid
@@ -87,8 +89,6 @@ async def serve(delay: float, port: int) -> None:
         lambda r, w: handle(r, w, delay, stats), "127.0.0.1", port, backlog=4096, limit=1 << 22
     )
     bound = server.sockets[0].getsockname()[1]
-    import os
-
     print(json.dumps({"url": f"http://127.0.0.1:{bound}/v1", "pid": os.getpid()}), flush=True)
     async with server:
         await server.serve_forever()
@@ -99,11 +99,14 @@ def main() -> int:
     parser.add_argument("--delay", type=float, default=1.0)
     parser.add_argument("--port", type=int, default=0)
     args = parser.parse_args()
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve(args.delay, args.port))
-    except KeyboardInterrupt:
-        pass
     return 0
+
+
+def lookup(q: str = "") -> dict[str, Any]:
+    """The runSync python tool of the benchmark's slow-model agent: answers at once."""
+    return {"q": q, "found": True}
 
 
 if __name__ == "__main__":

@@ -162,7 +162,7 @@ def _progress(as_json: bool, client: Any) -> Any:
     def tokens(session_id: str) -> dict[str, str]:
         return {p.call_id: p.token for p in client.store.pending_view(session_id) if p.token}
 
-    return Progress(lines=not as_json, tokens=tokens)
+    return Progress(lines=not as_json, tokens=tokens, queued=not client.inline)
 
 
 def _queues_used(spec: Any) -> set[str]:
@@ -437,7 +437,8 @@ def session_complete(
         if as_json:
             emit_json(outcome.model_dump(mode="json"))
         else:
-            render_completion(outcome)
+            workers = outcome.woken and bool(client.store.live_workers())
+            render_completion(outcome, inline=client.inline, workers=workers)
 
 
 @session_app.command("run-isolated")
@@ -600,7 +601,11 @@ def worker(
         step_threads=step_threads,
         loglevel=loglevel,
     )
-    raise typer.Exit(Supervisor(plan).run())
+    try:
+        code = Supervisor(plan).run()
+    except AgentsError as exc:  # the state Redis unreachable or unsafe: refuse to start
+        _fail(exc, False)
+    raise typer.Exit(code)
 
 
 @app.command("mcp-server")

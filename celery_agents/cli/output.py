@@ -209,14 +209,25 @@ def err_console() -> Console:
     return cast("Console", __getattr__("err"))
 
 
-def render_completion(outcome: CompletionOutcome, console: Console | None = None) -> None:
+def render_completion(
+    outcome: CompletionOutcome, *, inline: bool, workers: bool, console: Console | None = None
+) -> None:
+    """`workers`: a live worker takes the step a woken session is owed; `inline`: this command's
+    mode (no worker expected: nothing runs the session until a command drives it)."""
     console = _console(console)
     console.print(
         f"accepted: call {escape(outcome.call_id)} of session {outcome.session_id} is complete; "
         f"{outcome.remaining} call(s) still unfinished"
     )
-    if outcome.woken:
-        console.print("the session was woken and continues on its own")
+    if outcome.woken and workers:
+        console.print("the session was woken: a worker continues it")
+    elif outcome.woken and not inline:
+        console.print(
+            "the session's next step is queued, but no worker is running: start one with `agents worker`, "
+            f"or run it here with `agents session resume {outcome.session_id} --inline`"
+        )
+    elif outcome.woken:
+        console.print(f"no worker runs here: continue the session with `agents session resume {outcome.session_id}`")
     elif outcome.remaining == 0:
         console.print(f"next: agents session resume {outcome.session_id}  (or step)")
 

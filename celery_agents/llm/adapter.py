@@ -47,6 +47,26 @@ def ensure_litellm() -> Any:
     return litellm
 
 
+def size_http_pool(connections: int) -> None:
+    """Let `connections` model calls of this process be in flight at once.
+
+    litellm shares one HTTP client per endpoint between all threads of a process for
+    OpenAI-compatible models, and httpx's default pool holds 100 connections: the 101st
+    concurrent call would wait for a free one. A steps worker with more threads than that sizes
+    the shared client for its threads (same TLS and HTTP/2 settings as litellm's own)."""
+    litellm = ensure_litellm()
+    import httpx
+    from litellm.llms.custom_httpx.http_handler import get_ssl_configuration, http2_enabled
+
+    if litellm.client_session is None:
+        litellm.client_session = httpx.Client(
+            verify=get_ssl_configuration(),
+            follow_redirects=True,
+            http2=http2_enabled(),
+            limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
+        )
+
+
 def warm_up() -> None:
     """One offline model call, so that litellm's lazy imports happen once in a worker's parent
     process instead of in every forked pool process."""

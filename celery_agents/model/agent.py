@@ -631,7 +631,9 @@ def _check_fields(model: type[BaseModel], data: Any, where: str, unknown: list[s
             ignored.append(path)
         else:
             public = sorted(k for k in known if not k.islower() or "_" not in k)
-            close = difflib.get_close_matches(str(key), public, n=1, cutoff=0.6)
+            # A field one level down, written a level too high (a rule's `network`).
+            deeper = [f"{k}.{key}" for k in public if (sub := known[k]) is not None and key in _fields_of(sub)]
+            close = deeper or difflib.get_close_matches(str(key), public, n=1, cutoff=0.6)
             hint = f"did you mean {close[0]}?" if close else f"known fields here: {', '.join(public)}"
             unknown.append(f"{path}: unknown field ({hint})")
 

@@ -72,6 +72,11 @@ def run_step(
         # step now; this one starts nothing more and leaves the session alone.
         log.warning("%s: it starts and writes nothing more", exc)
         return StepResult(outcome="lost", version=version)
+    except KeyboardInterrupt:
+        # Ctrl-C of an inline step: let the session go now, not when the lease lapses (30 s), and
+        # leave the step owed so that the next `resume` (or a worker) runs it.
+        _safe_end(store, session_id, owner, request, "interrupted", keep_owed=True)
+        raise
     except (RedisUnavailable, redis.ConnectionError, redis.TimeoutError):
         # Infrastructure, not the session: leave it owed so that it is tried again.
         _safe_end(store, session_id, owner, request, "error", keep_owed=True)

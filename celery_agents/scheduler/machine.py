@@ -155,7 +155,9 @@ def _call_model(snap: Snapshot, ports: Ports, folded: UserTurn | None) -> Transi
                 "`session resume` grants another maxSteps steps"
             ),
         )
-        return _fail("llm", err, head_before, prefix)
+        refused = _fail("llm", err, head_before, prefix)
+        refused.counts_as_step = False  # no model call was made: the limit is not spent on the refusal
+        return refused
     turns = [*snap.turns, *prefix]
     request = LlmRequest(
         agent=snap.agent,

@@ -119,12 +119,12 @@ class Supervisor:
         self.plan = plan
         self.children = [_Child(role, argv) for role, argv in plan.children()]
         self._stop = threading.Event()
-        self._signal = signal.SIGTERM
+        self._stopped_at = float("inf")
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        if self._stop.is_set() and signum == signal.SIGINT:
-            signum = signal.SIGQUIT  # a second Ctrl-C: stop now
-        self._signal = signal.Signals(signum)
+        """Forwarded to every Celery worker as is: SIGTERM and a first Ctrl-C are a warm shutdown,
+        SIGQUIT and a second Ctrl-C (Celery counts them) a cold one."""
+        self._stopped_at = time.monotonic()
         self._stop.set()
         for child in self.children:
             child.signal(signum)
@@ -132,7 +132,9 @@ class Supervisor:
     def run(self) -> int:
         from celery_agents.tasks.celery_app import settings
         from celery_agents.tasks.services import WorkerServices, worker_resources
+        from celery_agents.tools.sandbox import protect_process
 
+        protect_process()  # as every worker process: tools running as our user cannot read our keys
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
             signal.signal(sig, self._on_signal)
         ready_r, ready_w = os.pipe()
@@ -155,7 +157,10 @@ class Supervisor:
                     select.select([ready_r], [], [], 0.5)
             finally:
                 for child in self.children:
-                    child.signal(self._signal)
+                    # Not told yet: stopping for another reason than a signal, or started again
+                    # just as the signal came.
+                    if not self._stop.is_set() or child.started >= self._stopped_at:
+                        child.signal(signal.SIGTERM)
                 for child in self.children:
                     if child.proc is not None:
                         child.proc.wait()
@@ -200,9 +205,14 @@ def child_main(role: str, parent: int, ready_fd: int, argv: list[str]) -> None:
 
     services.run_as_child(role)
     if role == "steps":
+        from celery_agents.llm.adapter import size_http_pool
+
+        threads = int(argv[argv.index("-c") + 1])
         # Every thread may publish at once (the next step, dispatched calls): one broker
-        # connection each, instead of queueing for kombu's default 10.
-        app.conf.broker_pool_limit = int(argv[argv.index("-c") + 1]) + 4
+        # connection each, instead of queueing for kombu's default 10. And every thread may
+        # wait on the model at once.
+        app.conf.broker_pool_limit = threads + 4
+        size_http_pool(threads + 4)
     app.worker_main(argv)
 
 

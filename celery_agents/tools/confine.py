@@ -24,20 +24,25 @@ SIGTERM, and its exit kills whatever the tool left).
 """
 
 import contextlib
+import errno
 import json
 import os
 import resource
 import signal
+import struct
 import sys
 import time
 from typing import Any
 
+_PR_SET_DUMPABLE = 4
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_NO_NEW_PRIVS = 38
 _CLONE_NEWNS, _CLONE_NEWIPC, _CLONE_NEWUSER = 0x00020000, 0x08000000, 0x10000000
 _CLONE_NEWPID, _CLONE_NEWNET = 0x20000000, 0x40000000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 1
+#: mount_setattr(2): the same number on every architecture (new system calls share one table)
+_NR_MOUNT_SETATTR, _AT_FDCWD, _AT_RECURSIVE, _MOUNT_ATTR_RDONLY = 442, -100, 0x8000, 1
 _flags = {"stop": False}
 
 
@@ -97,6 +102,7 @@ def _private_mounts(ns: dict[str, Any]) -> None:
     the runs' directories are empty but for the run's own directory (read-write) and the paths the
     tool needs that were in them (read-only)."""
     _mount("none", "/", None, _MS_REC | _MS_PRIVATE)
+    _read_only_everywhere()
     hidden = list(dict.fromkeys(["/tmp", "/dev/shm", *ns.get("hide", ())]))
     wanted = [(ns["workdir"], True)] + [(p, False) for p in ns.get("keep", ()) if os.path.exists(p)]
     kept = [
@@ -115,9 +121,26 @@ def _private_mounts(ns: dict[str, Any]) -> None:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
         _mount(f"/proc/self/fd/{fd}", path, None, _MS_BIND)
-        if not writable:
-            _mount("none", path, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
+        _mount("none", path, None, _MS_BIND | _MS_REMOUNT | _MS_NOSUID | _MS_NODEV | (0 if writable else _MS_RDONLY))
         os.close(fd)
+    # The working directory still names the folder below the mounts: enter the one above.
+    os.chdir(ns["workdir"])
+
+
+def _read_only_everywhere() -> None:
+    """Every mount the namespace inherited becomes read-only (`mount_setattr`, Linux 5.12+): the
+    tool writes only its own directory, /tmp and /dev/shm (mounted afterwards). Older kernels
+    lack the call: there the uid's permissions decide, as they would outside."""
+    import ctypes
+
+    attr = ctypes.create_string_buffer(struct.pack("QQQQ", _MOUNT_ATTR_RDONLY, 0, 0, 0))
+    libc = _libc()
+    libc.syscall.restype = ctypes.c_long
+    result = libc.syscall(
+        ctypes.c_long(_NR_MOUNT_SETATTR), ctypes.c_int(_AT_FDCWD), b"/", ctypes.c_uint(_AT_RECURSIVE), attr, 32
+    )
+    if result != 0 and ctypes.get_errno() != errno.ENOSYS:
+        _check(int(result), "mount_setattr / read-only")
 
 
 def _relay(pid: int, status_r: int) -> None:
@@ -185,6 +208,9 @@ def _isolate(ns: dict[str, Any]) -> None:
         _write("/proc/self/gid_map", f"{gid} {gid} 1")
     status_r, status_w = os.pipe()
     pid = os.fork()
+    # Neither relay may be ptraced by the tool: pid 1 holds every capability of the namespaces
+    # (the tool's exec makes the tool dumpable again; nothing of ours is).
+    _prctl(_PR_SET_DUMPABLE, 0)
     if pid:
         os.close(status_w)
         _relay(pid, status_r)

@@ -5,18 +5,23 @@ an environment built from an allow-list (`PATH`, `LANG`, the call's `AGENTS_*` v
 the variables the tool names in `env`), rlimits (address space, CPU seconds, open files, file
 size, processes; `Limits` defaults below, overridden by the tool then the disposition), a
 wall-clock timeout and an output cap. The supervisor (`confine.py`) kills the tool's whole tree.
-A worker running as root drops the tool to a uid of its own for the run (so the process limit
-holds and the worker's files are out of reach). Where bubblewrap works, it also hides the
-filesystem and the network (`bubblewrap.py`). docs/tools.md says what each level protects against.
+
+How a run is contained, decided once per process (`Sandbox.containment`): under bubblewrap where
+it works (`bubblewrap.py`: the filesystem hidden), else in namespaces the supervisor creates
+itself (`confine.py`: no network, read-only filesystem, private /tmp, other runs and the worker's
+processes hidden), else not at all: the call fails saying why. A root worker drops every run to
+a uid of its own; one that cannot (the tool unreadable by that uid, without bubblewrap) fails
+the call rather than run it as root. What a run may reach comes from the agent file, never from
+the model's arguments. docs/security.md says what holds in each worker mode.
 
 Where the worker may create control groups, the run's processes together are held to the memory
 and process limits too (`cgroup.py`).
 
 Settings (worker environment): `AGENTS_SANDBOX_BWRAP` = `auto` (use it when it works, the
-default), `off`, or `require` (refuse to run without it); `AGENTS_SANDBOX_UID` = `auto` (a uid
-per run when root, the default), `off`, or a fixed uid; `AGENTS_SANDBOX_CGROUP` = `auto` (a
-cgroup per run where possible, the default) or `off`; `AGENTS_SANDBOX_DIR`: where the temporary
-directories go.
+default), `off` (namespaces only), or `require` (refuse to run without it); `AGENTS_SANDBOX_UID` =
+`auto` (a uid per run when root, the default), or a fixed uid (`off` refuses runs on a root
+worker); `AGENTS_SANDBOX_CGROUP` = `auto` (a cgroup per run where possible, the default) or
+`off`; `AGENTS_SANDBOX_DIR`: where the temporary directories go.
 """
 
 from __future__ import annotations
@@ -64,16 +69,32 @@ class SandboxConfig:
     uid: str = "auto"
     root: str | None = None
     cgroup: str = "auto"
+    #: folders a run without bubblewrap must not see: the worker's home (the embedded Redis's
+    #: socket) and the folders of Redis or broker unix sockets (a network namespace does not cut
+    #: those)
+    hidden: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls) -> SandboxConfig:
         env = os.environ
+        home = env.get("AGENTS_HOME") or "~/.local/share/celery-agents"
+        sockets = [_socket_folder(env.get(name) or "") for name in ("AGENTS_REDIS_URL", "AGENTS_BROKER_URL")]
         return cls(
             bwrap=(env.get("AGENTS_SANDBOX_BWRAP") or "auto").lower(),
             uid=(env.get("AGENTS_SANDBOX_UID") or "auto").lower(),
             root=env.get("AGENTS_SANDBOX_DIR") or None,
             cgroup=(env.get("AGENTS_SANDBOX_CGROUP") or "auto").lower(),
+            hidden=tuple(dict.fromkeys(p for p in [os.path.expanduser(home), *sockets] if p)),
         )
+
+
+def _socket_folder(url: str) -> str | None:
+    """The folder of a unix socket URL (`unix:///run/redis.sock`, `redis+socket://…`), else None."""
+    scheme, _, rest = url.partition("://")
+    if scheme not in ("unix", "redis+socket", "socket"):
+        return None
+    path = rest.split("?", 1)[0]
+    return os.path.dirname(path) if path.startswith("/") else None
 
 
 @dataclass
@@ -325,7 +346,7 @@ class Sandbox:
                 "grace": grace,
                 "status_fd": status_w,
                 "cgroup_procs": cgroup.procs_files if cgroup else [],
-                "namespaces": _namespaces(workdir, network, readable) if isolate else None,
+                "namespaces": _namespaces(workdir, network, readable, self.config.hidden) if isolate else None,
             }
             launcher = [sys.executable, "-I", "-S", "-B", CONFINE, json.dumps(cfg)]
             result = run_process(
@@ -370,14 +391,15 @@ class Wrap:
     network: bool
 
 
-def _namespaces(workdir: str, network: bool, keep: Sequence[str]) -> dict[str, object]:
-    """What `confine.py` sets up without bubblewrap: the folder holding the run directories (and
-    /tmp) hidden but for this run's own and the files the tool needs."""
+def _namespaces(workdir: str, network: bool, keep: Sequence[str], hidden: Sequence[str]) -> dict[str, object]:
+    """What `confine.py` sets up without bubblewrap: the folder holding the run directories, /tmp
+    and the worker's own folders hidden but for this run's directory and the files the tool needs."""
+    folders = [os.path.dirname(workdir), *(h for h in hidden if h != "/" and os.path.isdir(h))]
     return {
         "user": os.geteuid() != 0,
         "network": network,
         "workdir": workdir,
-        "hide": [os.path.dirname(workdir)],
+        "hide": list(dict.fromkeys(folders)),
         "keep": list(dict.fromkeys(os.path.abspath(p) for p in keep)),
     }
 

@@ -45,6 +45,7 @@ TYPOS = [
         "timeoutSeconds",
     ),
     (("toolCallPolicy", "rules", 0, "disposition"), "retry", 2, "disposition.retry", "retries"),
+    (("toolCallPolicy", "rules", 0), "network", True, "rules[0].network", "disposition.network"),
 ]
 
 
@@ -79,8 +80,8 @@ def test_fields_of_agents_exe_files_we_do_not_use_are_accepted_with_a_warning(
 def test_fields_of_this_release_are_known(qenv: dict[str, str], tmp_path: Path) -> None:
     agent = tmp_path / "new.json"
     data = with_change((), "maxToolCallsPerTurn", 8)
-    data.update({"description": "an agent", "maxDepth": 2, "mcpServers": [], "subAgents": []})
-    data["toolCallPolicy"]["rules"][0]["network"] = False
+    data.update({"description": "an agent", "maxDepth": 2, "mcpServers": [], "subAgents": [], "extraAgents": []})
+    data["toolCallPolicy"]["rules"][0]["disposition"]["network"] = False
     agent.write_text(json.dumps(data))
     view = ok(agents("session", "start", "--agent-file", agent, "-p", "x", "--json", env=qenv))
     assert view["state"] == "ready"

@@ -56,7 +56,7 @@ def as_user(uid: int, gid: int) -> list[str]:
     stage = tempfile.mkdtemp(prefix="agents-stage-")
     script = (
         f'mount --bind "{hidden / top}" "{stage}" && mount -t tmpfs -o mode=755 tmpfs "{hidden}" && '
-        f'mkdir "{hidden / top}" && mount --move "{stage}" "{hidden / top}" && exec "$@"'
+        f'mkdir "{hidden / top}" && mount --move "{stage}" "{hidden / top}" && rmdir "{stage}" && exec "$@"'
     )
     return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "sh", *prefix]
 

@@ -72,6 +72,12 @@ def error(status: int, message: str = "scripted error", **kw: Any) -> Reply:
     return Reply(status=status, error_body={"error": {"message": message, "type": "scripted", "code": status}}, **kw)
 
 
+class _Server(ThreadingHTTPServer):
+    # Hundreds of workers' threads connect at once: the default backlog of 5 would drop their SYNs
+    # and hold them back for seconds of retransmission.
+    request_queue_size = 1024
+
+
 class LlmServer:
     """The server and its scripts. `script(name, [Reply, ...])` queues answers for one scenario;
     a scenario with no answer left repeats its last one, or echoes when it never had any."""
@@ -81,7 +87,7 @@ class LlmServer:
         self._last: dict[str, Reply | Callable[[dict[str, Any]], Reply]] = {}
         self.requests: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self._lock = threading.Lock()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._httpd = _Server(("127.0.0.1", 0), self._handler())
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
 

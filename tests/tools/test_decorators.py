@@ -135,7 +135,7 @@ def test_a_misspelt_limit_refuses_the_file() -> None:
             {"slug": "x", "model": "m", "tools": [{"name": "t", "command": ["x"], "limits": {"memoryMB": 5}}]},
             "agent.json",
         )
-    assert "agent.json: tools[0].limits.memoryMB: Extra inputs are not permitted (remove it)" in info.value.message
+    assert "agent.json: tools[0].limits.memoryMB: unknown field (did you mean memoryMb?)" in info.value.message
 
 
 def test_worker_settings_are_never_given_to_a_tool() -> None:

@@ -184,10 +184,14 @@ def test_doctor_says_how_each_isolated_worker_confines_calls(
     full = agents("doctor", "--json", env=cli_env(redis_url, prefixes["full"], tmp_path / "home")).doc
     [sandbox] = [c for c in full["checks"] if c["name"].startswith("sandbox on full-")]
     [beat] = [w for w in full["workers"] if w["name"].startswith("full-")]
+    here = Sandbox(SandboxConfig())
+    how = here.containment()
     expected = {
-        "bubblewrap": Sandbox(SandboxConfig()).bwrap() is not None,
+        "contained": how is not None,
+        "bubblewrap": how == "bwrap",
+        "namespaces": how == "namespaces",
         "own_uid": os.geteuid() == 0,
-        "run_cgroup": Sandbox(SandboxConfig()).cgroups.available(),
+        "run_cgroup": here.cgroups.available(),
     }
     assert beat["sandbox"] == expected, "the worker probed what this machine offers"
     assert ("bubblewrap (filesystem and network hidden)" in sandbox["detail"]) == expected["bubblewrap"]

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import os
 import resource
+import shutil
 import subprocess
+import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -67,8 +70,6 @@ def test_the_worker_secrets_are_not_in_the_tool_environment(
 
 
 def test_writing_outside_its_directory_is_refused(isolated: ToolRunner, level: str, tooldir: Path) -> None:
-    if level == "namespaces" and not own_uid_possible():
-        pytest.skip("without bubblewrap only a root worker (which runs tools under their own uid) can refuse this")
     victim = tooldir / "worker-data.txt"
     victim.write_text("precious")
     victim.chmod(0o644)
@@ -92,6 +93,16 @@ def test_writing_outside_its_directory_is_refused(isolated: ToolRunner, level: s
     out = run_tool(isolated, agent, "tmp")
     assert out.state == "completed", out.error
     assert not escape.exists(), "/tmp is the run's own"
+    shared = Path(tempfile.mkdtemp(prefix="agents-shared-", dir="/var/tmp"))
+    shared.chmod(0o1777)  # a folder every user may write, outside /tmp
+    try:
+        drop = make_agent([tool("drop", f"open({str(shared / 'dropped')!r}, 'w').write('x')")])
+        out = run_tool(isolated, drop, "drop")
+        # Read-only without bubblewrap; not even there under it.
+        assert out.state == "failed" and ("Read-only" in (out.error or "") or "No such file" in (out.error or ""))
+        assert not (shared / "dropped").exists()
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
 
 
 def test_allocating_past_the_memory_limit_fails_the_call(isolated: ToolRunner) -> None:
@@ -224,6 +235,29 @@ def test_the_network_is_cut_unless_the_tool_or_its_rule_asks_for_it(isolated: To
             assert allowed.state == "completed" and allowed.result == "connected", allowed.error
 
 
+def test_a_redis_unix_socket_is_out_of_reach_too(level: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A network namespace does not cut unix sockets: the folder of the worker's Redis socket (and
+    its AGENTS_HOME, where the embedded Redis listens) is hidden from the run."""
+    import socket
+
+    folder = Path(tempfile.mkdtemp(prefix="agents-redis-", dir="/var/tmp"))
+    folder.chmod(0o755)
+    path = folder / "redis.sock"
+    monkeypatch.setenv("AGENTS_REDIS_URL", f"unix://{path}?db=0")
+    monkeypatch.setenv("AGENTS_SANDBOX_BWRAP", "require" if level == "bwrap" else "off")
+    runner = ToolRunner(isolated=True, sandbox=Sandbox(SandboxConfig.from_env()))
+    code = f"import socket; s = socket.socket(socket.AF_UNIX); s.connect({str(path)!r}); print('connected')"
+    try:
+        with socket.socket(socket.AF_UNIX) as server:
+            server.bind(str(path))
+            path.chmod(0o777)  # any uid may connect: only the sandbox stands in the way
+            server.listen(4)
+            out = run_tool(runner, make_agent([tool("unix", code)]), "unix")
+        assert out.state == "failed" and "No such file" in (out.error or ""), (out.state, out.result, out.error)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 FORKING_HOG = """
 import os, sys
 children = []
@@ -284,3 +318,59 @@ else:
     os.waitpid(pid, 0)
     print("forked")
 """
+
+
+def test_without_bubblewrap_the_tool_cannot_look_into_the_sandbox_s_own_processes(level: str) -> None:
+    """Pid 1 of the run's namespaces holds their capabilities: the tool must not ptrace it."""
+    if level != "namespaces":
+        pytest.skip("bubblewrap's own init is bubblewrap's business")
+    runner = ToolRunner(isolated=True, sandbox=Sandbox(SandboxConfig(bwrap="off")))
+    code = (
+        "import json, os\nout = {}\nfor name in ('environ', 'mem', 'root/'):\n"
+        "    try:\n        os.listdir('/proc/1/root') if name == 'root/' else open('/proc/1/' + name, 'rb').read(1)\n"
+        "        out[name] = 'open'\n    except OSError as exc:\n        out[name] = exc.strerror\n"
+        "print(json.dumps({'pids': sorted(int(p) for p in os.listdir('/proc') if p.isdigit()), **out}))"
+    )
+    out = run_tool(runner, make_agent([tool("peek1", code)]), "peek1")
+    assert out.state == "completed", out.error
+    assert out.result["pids"] == [1, 2], "the run sees its own processes only (pid 1 and itself)"
+    assert {out.result[k] for k in ("environ", "mem", "root/")} == {"Permission denied"}, out.result
+
+
+PROTECTED = """
+import os, subprocess, sys
+from celery_agents.tools.sandbox import protect_process
+def peek(pid):
+    # A program of the same uid (exec makes it an ordinary process) reading the environment.
+    return subprocess.run(["cat", f"/proc/{pid}/environ"], capture_output=True).returncode
+before = peek(os.getpid())
+protect_process()
+pid = os.fork()
+if pid == 0:
+    os.read(0, 1)
+    os._exit(0)
+print(before, peek(os.getpid()), peek(pid))
+"""
+
+
+def test_a_process_of_the_worker_s_user_cannot_read_the_worker_s_environment(tmp_path: Path) -> None:
+    from tests.support.confinement import as_user, unprivileged_user
+
+    user = unprivileged_user()
+    if user is None:
+        pytest.skip("needs root to run a process as an unprivileged user")
+    script = Path(tempfile.mkdtemp(prefix="agents-protect-")) / "protected.py"
+    script.parent.chmod(0o755)
+    script.write_text(PROTECTED)
+    script.chmod(0o644)
+    env = {**os.environ, "OPENAI_API_KEY": "sk-protected", "PYTHONPATH": str(Path(__file__).parents[2])}
+    try:
+        out = subprocess.run(
+            [*as_user(*user), sys.executable, str(script)], env=env, input=b"x", capture_output=True, timeout=60
+        )
+    finally:
+        shutil.rmtree(script.parent, ignore_errors=True)
+    assert out.returncode == 0, out.stderr
+    before, worker, pool_process = out.stdout.decode().split()
+    assert before == "0", "an unprotected process's environment is readable by its own uid"
+    assert (worker, pool_process) == ("1", "1"), "the worker and what it forks are not"

@@ -118,6 +118,20 @@ def test_run_passes_each_argument_as_its_mode_says(toolbox: Path) -> None:
     }
 
 
+def test_a_value_that_would_add_a_line_or_an_option_is_refused_and_the_tool_does_not_run(toolbox: Path) -> None:
+    agent = load_agent_file(agent_file(toolbox, toolboxes=["tools"]))
+    runner = ToolRunner()
+    line = run_tool(runner, agent, "bash_greet", {"name": "Ada", "note": "hi\nrm -rf /"})
+    assert line.state == "failed" and "'note' goes to the tool as one line" in line.error
+    option = run_tool(runner, agent, "bash_greet", {"name": "Ada", "tone": "--evil"})
+    assert option.state == "failed" and "'tone' starts with '-'" in option.error
+    spaced = run_tool(runner, agent, "bash_greet", {"name": "--times=99"})
+    assert spaced.state == "failed" and "'name' starts with '-'" in spaced.error
+    assert runner.executions == 3 and not line.exit_status and not option.exit_status, "refused before running"
+    equal = run_tool(runner, agent, "bash_greet", {"name": "Ada", "times": -2})
+    assert equal.state == "completed" and "--times=-2" in equal.result["argv"], "--name=VALUE may start with '-'"
+
+
 def test_a_json_schema_description_gets_the_arguments_as_json_on_stdin(toolbox: Path) -> None:
     agent = load_agent_file(agent_file(toolbox, toolboxes=[{"path": "tools", "prefix": ""}]))
     assert run_tool(ToolRunner(), agent, "sum", {"xs": [1, 2, 3.5]}).result == 6.5

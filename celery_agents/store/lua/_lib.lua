@@ -73,6 +73,16 @@ local function unowe()
   redis.call('HDEL', K.meta, 'owed_version')
 end
 
+-- Make a failed session active again (resume, step). One stopped by its step limit gets `grant`
+-- more steps counted from the steps it has taken, so that it can always take them.
+local function reactivate(grant)
+  local m = redis.call('HMGET', K.meta, 'error', 'steps')
+  if string.find(m[1] or '', '"max_steps"', 1, true) then
+    redis.call('HSET', K.meta, 'step_limit', tonumber(m[2] or '0') + tonumber(grant))
+  end
+  redis.call('HSET', K.meta, 'status', 'active', 'error', '')
+end
+
 -- The state a session has when nothing runs, from its head.
 local function state_from_head()
   local head = redis.call('HGET', K.meta, 'head')

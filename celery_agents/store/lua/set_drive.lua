@@ -12,11 +12,7 @@ if ARGV[4] == 'manual' then
   return {'ok', tonumber(m[2]), 0}
 end
 if m[1] == 'failed' then
-  local err = redis.call('HGET', K.meta, 'error') or ''
-  if string.find(err, '"max_steps"', 1, true) then
-    redis.call('HINCRBY', K.meta, 'step_limit', tonumber(ARGV[5]))
-  end
-  redis.call('HSET', K.meta, 'status', 'active', 'error', '')
+  reactivate(ARGV[5])
 end
 local st = state_from_head()
 set_state(st)

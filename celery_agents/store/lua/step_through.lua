@@ -5,11 +5,7 @@ local m = redis.call('HMGET', K.meta, 'status', 'version')
 if not m[1] then return {'missing'} end
 if m[1] == 'cancelled' or m[1] == 'completed' then return {'ended', m[1]} end
 if m[1] == 'failed' then
-  local err = redis.call('HGET', K.meta, 'error') or ''
-  if string.find(err, '"max_steps"', 1, true) then
-    redis.call('HINCRBY', K.meta, 'step_limit', tonumber(ARGV[4]))
-  end
-  redis.call('HSET', K.meta, 'status', 'active', 'error', '')
+  reactivate(ARGV[4])
   set_state(state_from_head())
 end
 owe()

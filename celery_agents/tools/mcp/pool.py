@@ -18,7 +18,6 @@ import contextlib
 import importlib.util
 import logging
 import os
-import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Coroutine
@@ -37,6 +36,9 @@ _BACKSTOP = 10.0
 _POLL = 0.25
 #: how much of a server's error output a failed call reports
 _STDERR_TAIL = 2000
+#: a connection idle this long is pinged before it is used (a server may have died meanwhile)
+_IDLE_PING = 0.5
+_PING_TIMEOUT = 5.0
 
 
 class McpCallError(Exception):
@@ -72,7 +74,9 @@ class _Connection:
     task: asyncio.Task[None] | None = None
     in_flight: int = 0
     retired: bool = False
-    errlog: IO[bytes] | None = None
+    #: loop time of its last answer
+    last_used: float = 0.0
+    errors: _ErrorTail | None = None
 
     def __post_init__(self) -> None:
         self.ready = self.loop.create_future()
@@ -80,15 +84,7 @@ class _Connection:
         self.ready.add_done_callback(lambda f: f.cancelled() or f.exception())
 
     def stderr_tail(self) -> str:
-        if self.errlog is None:
-            return ""
-        try:
-            self.errlog.flush()
-            size = self.errlog.seek(0, os.SEEK_END)
-            self.errlog.seek(max(0, size - _STDERR_TAIL))
-            return self.errlog.read().decode(errors="replace").strip()
-        except (OSError, ValueError):
-            return ""
+        return self.errors.text() if self.errors is not None else ""
 
     async def run(self) -> None:
         """Hold the connection open until stopped or the server's output ends."""
@@ -97,6 +93,8 @@ class _Connection:
         try:
             client_info = Implementation(name="celery-agents", version="1")
             async with Client(self._transport(), cache=None, client_info=client_info) as client:
+                if self.errors is not None:
+                    self.errors.started()
                 self.ready.set_result(client)
                 waiters = [asyncio.ensure_future(self.stop.wait()), asyncio.ensure_future(self.closed.wait())]
                 try:
@@ -115,18 +113,69 @@ class _Connection:
                 log.debug("MCP server %s: connection ended: %r", self.target.label, exc)
         finally:
             self.closed.set()
-            if self.errlog is not None:
-                with contextlib.suppress(OSError):
-                    self.errlog.close()
+            if self.errors is not None:
+                self.errors.close()
 
     def _transport(self) -> Any:
         if self.target.url is not None:
             return _http_transport(self.target)
-        self.errlog = tempfile.TemporaryFile()  # noqa: SIM115 - closed when the connection ends
-        return _watched(_stdio_transport(self.target, self.errlog), self.closed)
+        self.errors = _ErrorTail(self.loop)
+        return _watched(_stdio_transport(self.target, self.errors.writer), self.closed)
 
 
-def _stdio_transport(target: Target, errlog: IO[bytes]) -> Any:
+class _ErrorTail:
+    """The end of a stdio server's error output, kept in memory for the message of a failed call
+    (a server that writes a lot fills neither a disk nor the worker's log)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._read_fd, write_fd = os.pipe()
+        os.set_blocking(self._read_fd, False)
+        #: the server's stderr; this process's copy is closed once the server has started
+        self.writer: IO[bytes] | None = os.fdopen(write_fd, "wb", buffering=0)
+        self._tail = bytearray()
+        self._open = True
+        loop.add_reader(self._read_fd, self._readable)
+
+    def _readable(self) -> None:
+        if self._drain():
+            self.close()
+
+    def _drain(self) -> bool:
+        """Read what the pipe holds; True once the server's end is closed."""
+        while True:
+            try:
+                chunk = os.read(self._read_fd, 65536)
+            except BlockingIOError:
+                return False
+            except OSError:
+                return True
+            if not chunk:
+                return True
+            self._tail += chunk
+            del self._tail[:-_STDERR_TAIL]
+
+    def started(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+    def text(self) -> str:
+        if self._open:
+            self._drain()
+        return self._tail.decode(errors="replace").strip()
+
+    def close(self) -> None:
+        if not self._open:
+            return
+        self._open = False
+        self.started()
+        self._drain()
+        self._loop.remove_reader(self._read_fd)
+        os.close(self._read_fd)
+
+
+def _stdio_transport(target: Target, errlog: IO[bytes] | None) -> Any:
     from mcp.client.stdio import StdioServerParameters, stdio_client
 
     params = StdioServerParameters(
@@ -182,6 +231,11 @@ class McpPool:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pid: int | None = None
         self._conns: dict[str, _Connection] = {}
+
+    def forget(self) -> None:
+        """In a forked child: the parent's loop thread and servers are not ours (nothing to stop)."""
+        self._lock = threading.Lock()
+        self._loop, self._pid, self._conns = None, None, {}
 
     # -- the loop ------------------------------------------------------------------------------
     def _running_loop(self) -> asyncio.AbstractEventLoop:
@@ -246,7 +300,7 @@ class McpPool:
     async def _connection(self, target: Target, timeout: float) -> _Connection:
         """This process's open connection to `target`, started (and waited for) when there is none."""
         conn = self._conns.get(target.key)
-        if conn is not None and (conn.closed.is_set() or conn.retired):
+        if conn is not None and (conn.closed.is_set() or conn.retired or not await self._answers(conn)):
             self._retire(conn)
             conn = None
         if conn is None:
@@ -264,6 +318,30 @@ class McpPool:
             self._retire(conn)
             raise McpCallError(_cannot_start(target, exc, conn.stderr_tail()), retryable=True) from None
         return conn
+
+    async def _answers(self, conn: _Connection) -> bool:
+        """Whether a connection that has been idle still reaches a live server. A server killed
+        between calls may not have been noticed yet; a call sent to it would fail, a ping costs a
+        round trip."""
+        loop = asyncio.get_running_loop()
+        if not conn.ready.done() or loop.time() - conn.last_used < _IDLE_PING:
+            return True
+        if conn.ready.cancelled() or conn.ready.exception() is not None:
+            return False
+        from mcp import MCPError
+        from mcp_types import CONNECTION_CLOSED
+
+        try:
+            # Any answer proves the server alive, an error too (servers of the 2026-07-28 protocol
+            # no longer know ping).
+            await asyncio.wait_for(conn.ready.result().session.send_ping(), _PING_TIMEOUT)
+        except MCPError as exc:
+            if exc.error.code == CONNECTION_CLOSED:
+                return False
+        except Exception:
+            return False
+        conn.last_used = loop.time()
+        return True
 
     def _retire(self, conn: _Connection) -> None:
         """No new call uses `conn`; it is stopped once its calls in flight are done."""
@@ -284,7 +362,9 @@ class McpPool:
         conn = await self._connection(target, timeout)
         conn.in_flight += 1
         try:
-            return await asyncio.wait_for(action(conn.ready.result(), *args), max(0.01, deadline - loop.time()))
+            answer = await asyncio.wait_for(action(conn.ready.result(), *args), max(0.01, deadline - loop.time()))
+            conn.last_used = loop.time()
+            return answer
         except TimeoutError:
             self._retire(conn)
             raise McpCallError(
@@ -297,8 +377,9 @@ class McpPool:
             if exc.error.code == CONNECTION_CLOSED or conn.closed.is_set():
                 self._retire(conn)
                 tail = conn.stderr_tail()
+                what = "closed the connection" if target.url is not None else "exited"
                 raise McpCallError(
-                    f"the MCP server {target.label} exited during the call"
+                    f"the MCP server {target.label} {what} during the call"
                     + (f"; its last error output: {tail}" if tail else "")
                 ) from None
             raise McpCallError(f"the MCP server {target.label} refused the call: {exc.error.message}") from None
@@ -349,6 +430,8 @@ def _cannot_start(target: Target, exc: BaseException, tail: str) -> str:
 
 _pool = McpPool()
 atexit.register(_pool.close)
+# A fork may happen while another thread holds the pool's lock: the child starts with a free one.
+os.register_at_fork(after_in_child=_pool.forget)
 
 
 def pool() -> McpPool:

@@ -2,8 +2,8 @@
 `python sample_server.py http PORT` (Streamable HTTP).
 
 Tools: `add` (structured result), `sleep` (answers after the seconds asked), `fail` (raises),
-`image` (a PNG), `whoami` (its pid and parent's, the call's `_meta`, its variables' names, the
-Authorization header over HTTP).
+`crash` (exits mid-call), `image` (a PNG), `whoami` (its pid and parent's, the call's `_meta`, its
+variables' names, the Authorization header over HTTP).
 """
 
 from __future__ import annotations
@@ -56,6 +56,15 @@ def fail(why: str) -> str:
     """Always fails, with the reason given."""
     _log("fail")
     raise ToolError(f"failed on purpose: {why}")
+
+
+@server.tool()
+def crash() -> str:
+    """Exits the server in the middle of the call, saying why on stderr."""
+    _log("crash")
+    sys.stderr.write("crashing on purpose\n")
+    sys.stderr.flush()
+    os._exit(7)
 
 
 @server.tool()

@@ -15,6 +15,7 @@ import pytest
 
 from celery_agents.model import AgentSpec
 from celery_agents.tools import ToolRunner
+from celery_agents.tools.mcp import pool as pool_module
 from tests.support.workers import pid_alive
 from tests.tools.mcp.conftest import TIME_SERVER, mcp_agent, mcp_call, sample_stdio
 
@@ -59,10 +60,16 @@ def test_a_server_is_reused_across_calls_and_sessions_and_restarted_when_it_died
     first = run(agent, "mcp__sample__whoami", {}, session="a").result["pid"]
     assert run(agent, "mcp__sample__whoami", {}, session="b").result["pid"] == first, "one server per process"
     assert first != os.getpid() and pid_alive(first)
+    time.sleep(pool_module._IDLE_PING + 0.1)  # idle long enough to be checked before its next use
+    assert run(agent, "mcp__sample__whoami", {}, session="b").result["pid"] == first, "an idle server is kept"
     os.kill(first, signal.SIGKILL)
-    deadline = time.monotonic() + 10
+    killed_at = time.monotonic()
+    deadline = killed_at + 10
     while pid_alive(first) and time.monotonic() < deadline:
         time.sleep(0.02)
+    # Between calls: the connection has been idle at least as long as the pool waits before it
+    # checks one (the death may not have been noticed from the server's output yet).
+    time.sleep(max(0.0, pool_module._IDLE_PING - (time.monotonic() - killed_at)))
     again = run(agent, "mcp__sample__whoami", {}, session="c")
     assert again.state == "completed", again.error
     assert again.result["pid"] != first, "a fresh server answered"
@@ -179,3 +186,90 @@ def test_a_call_stops_when_its_session_is_cancelled() -> None:
         out = run(long, "mcp__sample__sleep", {"seconds": 60})
     assert out.state == "failed" and "cancelled" in (out.error or "")
     assert time.monotonic() - started < 10
+
+
+def test_calls_from_many_threads_share_one_server_and_a_timeout_spares_the_others(agent: AgentSpec) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    patient = mcp_agent(
+        [sample_stdio(env={"MARKER": "from-the-agent-file"})],  # the same server as `agent`'s
+        rules=[{"tool": "mcp__sample__sleep", "disposition": {"tag": "runSync", "timeoutSeconds": 60}}],
+        executionMode="asynchronous",
+    )
+    with ThreadPoolExecutor(8) as threads:
+        pids = set(
+            threads.map(lambda i: run(agent, "mcp__sample__whoami", {}, session=f"t{i}").result["pid"], range(8))
+        )
+    assert len(pids) == 1, "one server for every thread of the process"
+    with ThreadPoolExecutor(2) as threads:
+        hung = threads.submit(run, agent, "mcp__sample__sleep", {"seconds": 60})  # cut off at 2 s
+        time.sleep(0.5)
+        slow = threads.submit(run, patient, "mcp__sample__sleep", {"seconds": 4})
+        assert hung.result().meta.get("timed_out")
+        done = slow.result()
+    assert (done.state, done.result) == ("completed", {"result": "slept 4 s"}), "the other call finished first"
+    (pid,) = pids
+    deadline = time.monotonic() + 15
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not pid_alive(pid), "then the retired server was stopped"
+
+
+def test_a_server_that_dies_during_a_call_fails_it_with_its_last_words_and_is_restarted(agent: AgentSpec) -> None:
+    out = run(agent, "mcp__sample__crash", {})
+    assert out.state == "failed" and "exited during the call" in (out.error or "")
+    assert "crashing on purpose" in (out.error or ""), "the model sees what the server said"
+    assert run(agent, "mcp__sample__add", {"a": 1, "b": 1}).result == {"result": 2}
+
+
+def test_an_http_server_that_went_away_fails_the_call_and_is_reached_again_when_back() -> None:
+    import socket
+    import subprocess
+
+    from tests.tools.mcp.conftest import SAMPLE, free_port
+
+    port = free_port()
+
+    def start() -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen([sys.executable, str(SAMPLE), "http", str(port)], stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                return proc
+            except OSError:
+                time.sleep(0.05)
+        proc.kill()
+        raise RuntimeError("the HTTP sample server did not start")
+
+    server = start()
+    try:
+        agent = mcp_agent([{"name": "web", "url": f"http://127.0.0.1:{port}/mcp"}])
+        first = run(agent, "mcp__web__whoami", {}).result["pid"]
+        server.kill()
+        server.wait()
+        down = run(agent, "mcp__web__whoami", {})
+        assert down.state == "failed" and "'web'" in (down.error or "")
+        server = start()
+        back = run(agent, "mcp__web__whoami", {})
+        assert back.state == "completed" and back.result["pid"] not in (first, None), back.error
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_a_forked_child_starts_its_own_server_and_leaves_the_parents_alone(agent: AgentSpec) -> None:
+    parent_server = run(agent, "mcp__sample__whoami", {}).result["pid"]
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child: a prefork pool process would be here
+        try:
+            out = run(agent, "mcp__sample__whoami", {})
+            os.write(write, str(out.result["pid"] if out.state == "completed" else out.error).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    answer = os.read(read, 4096).decode()
+    os.waitpid(child, 0)
+    assert answer.isdigit() and int(answer) != parent_server, answer
+    assert pid_alive(parent_server) and run(agent, "mcp__sample__whoami", {}).result["pid"] == parent_server

@@ -101,3 +101,10 @@ def test_a_misspelled_server_field_is_refused_with_the_closest_name() -> None:
     with pytest.raises(InvalidAgentFile) as caught:
         mcp_agent([{"name": "web", "url": "http://127.0.0.1:9/mcp", "headerEnv": {"Authorization": "T"}}])
     assert "mcpServers[0].headerEnv: unknown field (did you mean headersEnv?)" in caught.value.message
+
+
+def test_a_server_that_cannot_start_says_why_in_the_refusal() -> None:
+    command = [sys.executable, "-c", "import sys; sys.stderr.write('no config at /etc/x.toml\\n'); sys.exit(3)"]
+    with pytest.raises(InvalidAgentFile) as caught:
+        mcp_agent([{"name": "broken", "command": command}])
+    assert "no config at /etc/x.toml" in caught.value.message

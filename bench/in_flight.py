@@ -1,0 +1,107 @@
+"""The benchmark's `slow_model` phase: many sessions in flight against a model that answers in 1 s.
+
+N sessions (an agent whose model, served by `bench/slow_model.py`, first asks for one runSync
+python tool call, then answers) are created in auto drive and their first steps published back to
+back to one `agents worker` started as a user starts it. Each session takes three steps (model
+call, the tool, model call). Measured: the wall time from the first publish until every session
+has completed, steps per second, the worker tree's peak resident memory (sampled every 0.2 s;
+shared pages count once per process) and the most model requests the server held at once.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+from typing import Any
+
+from bench.processes import Processes, agents_env, tree_rss_mb, wait_heartbeat
+
+DELAY_S = 1.0
+
+
+def slow_agent(url: str) -> dict[str, Any]:
+    return {
+        "slug": "bench-slow",
+        "model": "openai/slow",
+        "apiBase": url,
+        "tools": [
+            {
+                "name": "lookup",
+                "description": "Look something up.",
+                "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+                "python": "bench.slow_model:lookup",
+            }
+        ],
+    }
+
+
+class PeakRss:
+    """The largest resident memory of a process tree, sampled on a thread."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.peak = pid, 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.2):
+            self.peak = max(self.peak, tree_rss_mb(self.pid))
+
+    def __enter__(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def bench_slow_model(procs: Processes, url: str, prefix: str, step_processes: int, n: int) -> dict[str, Any]:
+    from celery_agents.config import Settings
+    from celery_agents.model import UserQuery, parse_agent
+    from celery_agents.store import Store, client_for_url
+    from celery_agents.tasks.config import Dispatcher, make_app
+
+    model_url = procs.slow_model(DELAY_S)
+    prefix = f"{prefix}slow"
+    settings = Settings(redis_url=url, prefix=prefix)
+    store = Store(client_for_url(url), settings)
+    app = make_app(settings, main="bench_slow")
+    dispatcher = Dispatcher(app)
+    agent = parse_agent(slow_agent(model_url))
+    name = f"slow-{prefix}@bench"
+    worker = procs.agents_worker(agents_env(url, prefix), step_processes, name)
+    k = store.keys
+    try:
+        wait_heartbeat(store.client, prefix, name, worker)
+        sids = [store.create_session(agent, UserQuery(text="go"), drive="auto", owe=True).session_id for _ in range(n)]
+        with PeakRss(worker.pid) as rss:
+            t0 = time.perf_counter()
+            for sid in sids:
+                dispatcher.step(sid, 1, "bench")
+            deadline = time.monotonic() + 600
+            while store.client.zcard(k.state_index("completed")) + store.client.zcard(k.state_index("failed")) < n:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{n} slow-model sessions did not finish within 600 s")
+                time.sleep(0.02)
+            wall = time.perf_counter() - t0
+        failed = store.client.zcard(k.state_index("failed"))
+        if failed:
+            raise RuntimeError(f"{failed} slow-model sessions failed")
+        with urllib.request.urlopen(model_url + "/stats", timeout=10) as reply:
+            stats = json.loads(reply.read())
+    finally:
+        procs.stop(worker, name)
+        store.client.close()
+        app.close()
+    return {
+        "slow_model_sessions": n,
+        "slow_model_wall_s": round(wall, 3),
+        "slow_model_steps_per_s": 3 * n / wall,
+        "slow_model_peak_rss_mb": round(rss.peak, 1),
+        "slow_model_max_in_flight": stats["max_in_flight"],
+        "slow_model_requests": stats["answered"],
+        "slow_model_delay_s": DELAY_S,
+    }

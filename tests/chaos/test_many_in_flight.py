@@ -1,0 +1,98 @@
+"""SIGKILL the whole worker while it holds 150 steps waiting on the model at once (one steps process,
+threads pool); a fresh worker finishes every session, nothing is lost or done twice, and every
+invariant holds."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from celery_agents.config import Settings
+from celery_agents.model import UserQuery, parse_agent
+from celery_agents.store import Store
+from celery_agents.tasks.config import Dispatcher, make_app
+from tests.chaos.conftest import Fleet, report
+from tests.chaos.invariants import check_invariants
+from tests.e2e.conftest import record_tool, runs, wait_for
+from tests.support.llm_server import LlmServer, Reply, calls, text
+
+pytestmark = pytest.mark.slow
+
+SESSIONS = 150
+
+
+class HeldModel:
+    """Holds every first model call until the worker is killed; answers at once afterwards."""
+
+    def __init__(self) -> None:
+        self.killed = threading.Event()
+        self.lock = threading.Lock()
+        self.holding = 0
+
+    def __call__(self, body: dict[str, Any]) -> Reply:
+        if body["messages"][-1]["role"] == "tool":
+            return text("done")
+        with self.lock:
+            self.holding += 1
+        self.killed.wait(120)
+        with self.lock:
+            self.holding -= 1
+        return calls(("sync_tool", {"x": 1}))
+
+
+def test_sigkill_with_150_steps_waiting_on_the_model(
+    fleet: Fleet, chaos_settings: Settings, llm_server: LlmServer, tmp_path: Path
+) -> None:
+    model = HeldModel()
+    scenario = llm_server.scenario([model])
+    log = tmp_path / "runs.jsonl"
+    agent = parse_agent(
+        {
+            "slug": "in-flight",
+            "model": f"openai/{scenario}",
+            "apiBase": llm_server.url,
+            "tools": [record_tool("sync_tool", log)],
+        }
+    )
+    doomed = fleet.start()
+    store = Store(fleet.client, chaos_settings)
+    app = make_app(chaos_settings, main="chaos_in_flight")
+    try:
+        sids = [
+            store.create_session(agent, UserQuery(text="go"), drive="auto", owe=True).session_id
+            for _ in range(SESSIONS)
+        ]
+        for sid in sids:
+            Dispatcher(app).step(sid, 1)
+        # One worker, one steps process: all 150 steps are in its threads, waiting on the model.
+        deadline = time.monotonic() + 120
+        while model.holding < SESSIONS:
+            assert time.monotonic() < deadline, (
+                f"{model.holding} model calls in flight at once, not {SESSIONS}; {llm_server.count(scenario)} requests"
+            )
+            time.sleep(0.05)
+        killed_at = time.monotonic()
+        doomed.kill()
+        model.killed.set()
+        fleet.start()
+        wait_for(
+            lambda: all(store.header(s).status.value != "active" for s in sids),
+            timeout=180,
+            what="a fresh worker to finish every session",
+        )
+        recovery = time.monotonic() - killed_at
+        for sid in sids:
+            check_invariants(store, sid)
+            assert store.header(sid).response == "done"
+    finally:
+        app.close()
+    # The killed steps had journaled nothing: each session asked the model once more, then once
+    # after its tool; the tool ran exactly once per session (it only ran after the kill).
+    assert llm_server.count(scenario) == 3 * SESSIONS
+    rows = runs(log, "sync_tool", phase="start")
+    assert len(rows) == SESSIONS and len({r["key"] for r in rows}) == SESSIONS
+    report("sigkill_150_in_flight", recovery_s=round(recovery, 2), model_requests=llm_server.count(scenario))
