@@ -273,9 +273,10 @@ def agents_env(redis_url: str, prefix: str, **extra: str) -> dict[str, str]:
 
 
 def wait_heartbeat(
-    client: redis.Redis, prefix: str, name: str, proc: subprocess.Popen[bytes], timeout: float = 90
+    client: redis.Redis, prefix: str, name: str, proc: subprocess.Popen[bytes], timeout: float = 300
 ) -> None:
-    """Wait until the `agents` worker `name` has written its heartbeat."""
+    """Wait until the `agents` worker `name` has written its heartbeat (once all its Celery workers
+    are ready: each steps process imports litellm, which takes minutes on a crowded machine)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -119,12 +119,12 @@ class Supervisor:
         self.plan = plan
         self.children = [_Child(role, argv) for role, argv in plan.children()]
         self._stop = threading.Event()
-        self._signal = signal.SIGTERM
+        self._stopped_at = float("inf")
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        if self._stop.is_set() and signum == signal.SIGINT:
-            signum = signal.SIGQUIT  # a second Ctrl-C: stop now
-        self._signal = signal.Signals(signum)
+        """Forwarded to every Celery worker as is: SIGTERM and a first Ctrl-C are a warm shutdown,
+        SIGQUIT and a second Ctrl-C (Celery counts them) a cold one."""
+        self._stopped_at = time.monotonic()
         self._stop.set()
         for child in self.children:
             child.signal(signum)
@@ -157,7 +157,10 @@ class Supervisor:
                     select.select([ready_r], [], [], 0.5)
             finally:
                 for child in self.children:
-                    child.signal(self._signal)
+                    # Not told yet: stopping for another reason than a signal, or started again
+                    # just as the signal came.
+                    if not self._stop.is_set() or child.started >= self._stopped_at:
+                        child.signal(signal.SIGTERM)
                 for child in self.children:
                     if child.proc is not None:
                         child.proc.wait()

@@ -19,6 +19,7 @@ from tests.support.workers import Worker, worker_env
 pytestmark = pytest.mark.slow
 
 THREADS = 8
+LITELLM_LOGGING_THREADS = 4
 WARM, TOTAL = 1_000, int(os.environ.get("AGENTS_LEAK_STEPS", "10000"))
 
 
@@ -76,8 +77,11 @@ def test_ten_thousand_steps_leak_no_thread_and_no_connection(
     dispatcher = Dispatcher(app)
     agent = parse_agent({"slug": "leaks", "model": "demo/bench"})
     # Few threads, so that the first 1,000 steps surely grow the pool to its size: any thread or
-    # connection that appears afterwards is one that a step left behind.
-    worker = Worker(worker_env(redis_url, prefix), log=tmp_path / "worker.log", step_threads=THREADS).start()
+    # connection that appears afterwards is one that a step left behind. litellm runs its success
+    # logging on a pool of its own that grows lazily, up to LOGGING_EXECUTOR_MAX_THREADS (100 by
+    # default): capped here, so that its growth is told apart from a leak.
+    env = worker_env(redis_url, prefix, LOGGING_EXECUTOR_MAX_THREADS=str(LITELLM_LOGGING_THREADS))
+    worker = Worker(env, log=tmp_path / "worker.log", step_threads=THREADS).start()
     done = store.keys.state_index("completed")
 
     def run(n: int) -> None:
@@ -100,7 +104,9 @@ def test_ten_thousand_steps_leak_no_thread_and_no_connection(
         worker.stop()
         app.close()
     print(f"\n[leaks] threads {before[0]} -> {after[0]}, redis connections {before[1]} -> {after[1]}")
-    assert after[0] <= before[0] + 2, f"threads grew from {before[0]} to {after[0]} over {TOTAL - WARM} steps"
+    assert after[0] <= before[0] + LITELLM_LOGGING_THREADS, (
+        f"threads grew from {before[0]} to {after[0]} over {TOTAL - WARM} steps"
+    )
     # A pool may still reach a new peak (at most one more connection per thread); a connection
     # left behind per step would add thousands.
     assert after[1] <= before[1] + THREADS, f"Redis connections grew from {before[1]} to {after[1]}"
