@@ -518,7 +518,7 @@ class Store:
         else:  # a session stored before digests: its count is all there is to check
             digest = ""
             valid = len(cached) + len(raw_turns) == header.turn_count
-        if entry is not None and usable and (not valid or header.version < entry.version):
+        if entry is not None and (not valid or header.version < entry.version):
             self._went_back(session_id, entry, header)
         if valid:
             turns = cached + [_TURN.validate_json(t) for t in raw_turns]
