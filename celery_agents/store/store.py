@@ -411,7 +411,8 @@ class Store:
             calls = cast("dict[str, str]", self.client.hgetall(self.keys.calls(session_id)))
             secrets = [parse_token(t)[1] for t in (json.loads(c).get("token") for c in calls.values()) if t]
             keys = self.keys.every_session_key(session_id, list(calls), secrets)
-            res = self._run("delete_session", session_id, [len(calls), "1" if force else "0"], (self.keys.ids, *keys))
+            extra = (self.keys.ids, self.keys.rewound, *keys)
+            res = self._run("delete_session", session_id, [len(calls), "1" if force else "0"], extra)
             if res[0] == "ok":
                 return int(res[1])
             if res[0] == "missing":

@@ -78,3 +78,19 @@ def test_a_step_committed_by_another_thread_while_one_reads_is_not_reported(stor
     assert [type(t).__name__ for t in loaded.turns] == [type(t).__name__ for t in store.turns(sid)]
     assert len(loaded.turns) == store.header(sid).turn_count
     assert store.rewound()[0] == 0, "no write was lost: doctor must not say Redis lost any"
+
+
+def test_deleting_a_rewound_session_clears_it_from_doctor(store: Store, stores: Any) -> None:
+    """`agents session delete` removes a session's entries in every shared index: doctor no longer
+    names a session that does not exist (nor does retention let the list grow for ever)."""
+    sid = start(store)
+    before = saved_keys(store, sid)
+    step(store, sid, ScriptedLlm(llm_turn(("lost", "sync_a", "{}"))), owner="worker-a")
+    lose_writes_since(store, sid, before)
+    step(stores(), sid, ScriptedLlm(llm_turn(("kept", "sync_a", "{}"))), owner="worker-b")
+    begin(store, sid, "worker-a")
+    assert store.rewound()[0] == 1
+    store.end_step(sid, "worker-a", "test", "done")
+    store.cancel(sid)
+    store.delete_session(sid)
+    assert store.rewound() == (0, {})
