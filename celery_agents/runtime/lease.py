@@ -80,6 +80,15 @@ _renewer_pid = 0
 _renewer_lock = threading.Lock()
 
 
+def _reset_after_fork() -> None:
+    """A forked child starts with its own lock (another thread may have held the parent's)."""
+    global _renewer_lock
+    _renewer_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
 def _process_renewer() -> _Renewer:
     global _renewer, _renewer_pid
     with _renewer_lock:

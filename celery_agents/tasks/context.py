@@ -33,6 +33,15 @@ def state_url(settings: Settings) -> str:
 _build_lock = threading.Lock()
 
 
+def _reset_after_fork() -> None:
+    """A forked pool process starts with its own lock (another thread may have held the parent's)."""
+    global _build_lock
+    _build_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
 def worker_context(settings: Settings) -> WorkerContext:
     ctx = _ctx
     if ctx is not None and _pid == os.getpid():
