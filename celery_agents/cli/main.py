@@ -162,7 +162,7 @@ def _progress(as_json: bool, client: Any) -> Any:
     def tokens(session_id: str) -> dict[str, str]:
         return {p.call_id: p.token for p in client.store.pending_view(session_id) if p.token}
 
-    return Progress(lines=not as_json, tokens=tokens)
+    return Progress(lines=not as_json, tokens=tokens, queued=not client.inline)
 
 
 def _queues_used(spec: Any) -> set[str]:

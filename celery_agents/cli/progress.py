@@ -24,10 +24,19 @@ class Progress:
     `live`: a spinner with a status line (terminal), lines printed above it; otherwise one plain
     line per event that matters. `lines=False` keeps only the live status (under `--json`)."""
 
-    def __init__(self, *, live: bool | None = None, lines: bool = True, tokens: TokenLookup | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        live: bool | None = None,
+        lines: bool = True,
+        tokens: TokenLookup | None = None,
+        queued: bool = False,
+    ) -> None:
         self.live = sys.stderr.isatty() if live is None else live
         self.lines = lines
         self.tokens = tokens
+        #: steps go to workers: until one starts the step, the status says it waits for one
+        self.queued = queued
         self.session_id: str | None = None
         self._status: Any = None
         self._next = "working…"
@@ -50,20 +59,22 @@ class Progress:
         self.session_id = session_id
         self._say(f"session {session_id}")
         self._next = "step 1: the model is thinking…"
-        self._update(self._next)
+        self._update(self._waiting(1))
 
     def __call__(self, e: dict[str, Any]) -> None:
         kind, version = e.get("type", ""), e.get("version", 0)
+        status = self._next
         if kind == "step_committed":
             # What the next step will do, from the state this one left.
-            state = e.get("state")
+            state = str(e.get("state"))
             self._next = {
                 "ready": f"step {version}: the model is thinking…",
                 "tools": f"step {version}: running the tools the model asked for…",
-            }.get(str(state), "waiting…")
+            }.get(state, "waiting for the calls still running…")
+            status = self._waiting(version) if state in ("ready", "tools") else self._next
         text = event_text(e)
         if text is None or kind in _QUIET:
-            self._update(self._next)
+            self._update(status)
             return
         if kind == "token_created":
             text += self._token_hint(str(e.get("call_id", "")))
@@ -74,6 +85,10 @@ class Progress:
             self._update(text)
         else:
             self._update(self._next)
+
+    def _waiting(self, step: int) -> str:
+        """Status while a step is due: on workers, until one takes it, that is what we wait for."""
+        return f"step {step}: waiting for a worker…" if self.queued else self._next
 
     # -- printing ----------------------------------------------------------------------------
     def _token_hint(self, call_id: str) -> str:

@@ -4,8 +4,17 @@
   kombu writes) makes `Channel._brpop_read` raise, and Celery stops the whole worker with
   "Unrecoverable error". Here such a message is set aside on `<prefix>:celery:poison` (a list,
   newest first, capped) with its queue and the reason, logged, and the worker goes on.
+- When Redis closes the connection (a restart) while a task runs, Celery closes the broker
+  connection; putting the running task's message back (`QoS.restore_unacked`, as the channel
+  closes) and acknowledging it once the task ends (`QoS.ack`) then need a client from a channel
+  whose transport has lost its connection, and kombu raises AttributeError ('NoneType' object has
+  no attribute 'hostname' / 'client') instead of a connection error: Celery stops the worker
+  ("Unrecoverable error"). Here such a channel raises a connection error, which kombu and Celery
+  handle: the message stays in kombu's unacked set (put back after the visibility timeout, when
+  its stale copy does nothing), and a step or call that did not finish stays owed, so our sweeper
+  publishes it again once its lease lapses.
 
-`install()` patches that one method; it is called once by the worker's app, never by the CLI.
+`install()` patches these two methods; it is called once by the worker's app, never by the CLI.
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ import logging
 from queue import Empty
 from typing import Any
 
+import redis
 from kombu.transport import redis as kombu_redis
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads
@@ -81,5 +91,20 @@ def _brpop_read(self: Any, **options: Any) -> bool:
         self._flush_brpop_reauth()
 
 
+_create_client = kombu_redis.Channel._create_client
+
+
+def _create_client_if_open(self: Any, asynchronous: bool = False) -> Any:
+    transport = self.connection
+    pool = self._async_pool if asynchronous else self._pool
+    if pool is None and (transport is None or transport.client is None):
+        # kombu would read the server's address from the closed connection and raise
+        # AttributeError. A connection error instead is what kombu and Celery handle (log,
+        # reconnect); a channel that still has its pool goes on as before.
+        raise redis.ConnectionError("this broker channel was closed with its connection")
+    return _create_client(self, asynchronous)  # type: ignore[no-untyped-call]  # kombu is untyped
+
+
 def install() -> None:
     kombu_redis.Channel._brpop_read = _brpop_read  # type: ignore[method-assign]
+    kombu_redis.Channel._create_client = _create_client_if_open  # type: ignore[method-assign]

@@ -111,11 +111,12 @@ def poll(probe: Callable[[], T | None], what: str, timeout: float = 30.0, every:
 
 def snapshot(client: redis.Redis, prefix: str) -> dict[str, Any]:
     """Every key of the prefix with its value, except the worker's own bookkeeping (heartbeats,
-    the sweeper's lock) and the Celery broker's keys."""
+    the sweeper's lock), the Celery broker's keys and the script replies kept minutes for retried
+    calls (`:req:`, they expire by themselves)."""
     volatile = (f"{prefix}:workers", f"{prefix}:lock:", f"{prefix}:celery:", f"_kombu.binding.{prefix}:")
     out: dict[str, Any] = {}
     for key in sorted(client.scan_iter(match=f"{prefix}:*", count=1000)):
-        if key.startswith(volatile):
+        if key.startswith(volatile) or ":req:" in key:
             continue
         kind = client.type(key)
         if kind == "string":

@@ -36,6 +36,9 @@ _BACKSTOP = 10.0
 _POLL = 0.25
 #: how much of a server's error output a failed call reports
 _STDERR_TAIL = 2000
+#: a connection idle this long is pinged before it is used (a server may have died meanwhile)
+_IDLE_PING = 0.5
+_PING_TIMEOUT = 5.0
 
 
 class McpCallError(Exception):
@@ -71,6 +74,8 @@ class _Connection:
     task: asyncio.Task[None] | None = None
     in_flight: int = 0
     retired: bool = False
+    #: loop time of its last answer
+    last_used: float = 0.0
     errors: _ErrorTail | None = None
 
     def __post_init__(self) -> None:
@@ -295,7 +300,7 @@ class McpPool:
     async def _connection(self, target: Target, timeout: float) -> _Connection:
         """This process's open connection to `target`, started (and waited for) when there is none."""
         conn = self._conns.get(target.key)
-        if conn is not None and (conn.closed.is_set() or conn.retired):
+        if conn is not None and (conn.closed.is_set() or conn.retired or not await self._answers(conn)):
             self._retire(conn)
             conn = None
         if conn is None:
@@ -313,6 +318,30 @@ class McpPool:
             self._retire(conn)
             raise McpCallError(_cannot_start(target, exc, conn.stderr_tail()), retryable=True) from None
         return conn
+
+    async def _answers(self, conn: _Connection) -> bool:
+        """Whether a connection that has been idle still reaches a live server. A server killed
+        between calls may not have been noticed yet; a call sent to it would fail, a ping costs a
+        round trip."""
+        loop = asyncio.get_running_loop()
+        if not conn.ready.done() or loop.time() - conn.last_used < _IDLE_PING:
+            return True
+        if conn.ready.cancelled() or conn.ready.exception() is not None:
+            return False
+        from mcp import MCPError
+        from mcp_types import CONNECTION_CLOSED
+
+        try:
+            # Any answer proves the server alive, an error too (servers of the 2026-07-28 protocol
+            # no longer know ping).
+            await asyncio.wait_for(conn.ready.result().session.send_ping(), _PING_TIMEOUT)
+        except MCPError as exc:
+            if exc.error.code == CONNECTION_CLOSED:
+                return False
+        except Exception:
+            return False
+        conn.last_used = loop.time()
+        return True
 
     def _retire(self, conn: _Connection) -> None:
         """No new call uses `conn`; it is stopped once its calls in flight are done."""
@@ -333,7 +362,9 @@ class McpPool:
         conn = await self._connection(target, timeout)
         conn.in_flight += 1
         try:
-            return await asyncio.wait_for(action(conn.ready.result(), *args), max(0.01, deadline - loop.time()))
+            answer = await asyncio.wait_for(action(conn.ready.result(), *args), max(0.01, deadline - loop.time()))
+            conn.last_used = loop.time()
+            return answer
         except TimeoutError:
             self._retire(conn)
             raise McpCallError(

@@ -31,7 +31,7 @@ def outcome_of_result(raw: dict[str, Any], cap: int, duration_ms: float | None =
     content: list[Any] = found if isinstance(found, list) else []
     texts = [t for t in (_text_of(p) for p in content) if t is not None]
     if raw.get("isError"):
-        error = "\n".join(texts) or json.dumps(content)[:2000] or "the MCP tool reported an error"
+        error = "\n".join(texts) or (json.dumps(content)[:2000] if content else "the MCP tool reported an error")
         return CallOutcome(state="failed", error=error, duration_ms=duration_ms)
     rest, media = split_media(content) if content else ([], [])
     result: Any

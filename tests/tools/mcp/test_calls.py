@@ -15,6 +15,7 @@ import pytest
 
 from celery_agents.model import AgentSpec
 from celery_agents.tools import ToolRunner
+from celery_agents.tools.mcp import pool as pool_module
 from tests.support.workers import pid_alive
 from tests.tools.mcp.conftest import TIME_SERVER, mcp_agent, mcp_call, sample_stdio
 
@@ -59,10 +60,16 @@ def test_a_server_is_reused_across_calls_and_sessions_and_restarted_when_it_died
     first = run(agent, "mcp__sample__whoami", {}, session="a").result["pid"]
     assert run(agent, "mcp__sample__whoami", {}, session="b").result["pid"] == first, "one server per process"
     assert first != os.getpid() and pid_alive(first)
+    time.sleep(pool_module._IDLE_PING + 0.1)  # idle long enough to be checked before its next use
+    assert run(agent, "mcp__sample__whoami", {}, session="b").result["pid"] == first, "an idle server is kept"
     os.kill(first, signal.SIGKILL)
-    deadline = time.monotonic() + 10
+    killed_at = time.monotonic()
+    deadline = killed_at + 10
     while pid_alive(first) and time.monotonic() < deadline:
         time.sleep(0.02)
+    # Between calls: the connection has been idle at least as long as the pool waits before it
+    # checks one (the death may not have been noticed from the server's output yet).
+    time.sleep(max(0.0, pool_module._IDLE_PING - (time.monotonic() - killed_at)))
     again = run(agent, "mcp__sample__whoami", {}, session="c")
     assert again.state == "completed", again.error
     assert again.result["pid"] != first, "a fresh server answered"
