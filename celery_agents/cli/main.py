@@ -572,7 +572,7 @@ def worker(
     ] = 200,
     step_processes: Annotated[
         int | None,
-        typer.Option("--step-processes", help="Processes for steps [default: one per core, at most 8].", min=1),
+        typer.Option("--step-processes", help="Processes for steps.", show_default="one per core, at most 8", min=1),
     ] = None,
     name: Annotated[str | None, typer.Option("--name", "-n", help="Worker name (Celery hostname).")] = None,
     loglevel: Annotated[str, typer.Option("--loglevel", "-l", help="Log level.")] = "INFO",

@@ -76,13 +76,25 @@ class _Renewer:
 
 _renewer: _Renewer | None = None
 _renewer_pid = 0
+#: steps in many threads may take their first leases at once: one renewer per process
+_renewer_lock = threading.Lock()
+
+
+def _reset_after_fork() -> None:
+    """A forked child starts with its own lock (another thread may have held the parent's)."""
+    global _renewer_lock
+    _renewer_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 def _process_renewer() -> _Renewer:
     global _renewer, _renewer_pid
-    if _renewer is None or _renewer_pid != os.getpid():  # a forked child needs its own thread
-        _renewer, _renewer_pid = _Renewer(), os.getpid()
-    return _renewer
+    with _renewer_lock:
+        if _renewer is None or _renewer_pid != os.getpid():  # a forked child needs its own thread
+            _renewer, _renewer_pid = _Renewer(), os.getpid()
+        return _renewer
 
 
 class LeaseKeeper:
@@ -96,6 +108,7 @@ class LeaseKeeper:
             store, key, owner, still_wanted, next_renew=time.monotonic() + max(0.05, store.settings.lease_seconds / 3)
         )
         self._id: int | None = None
+        self._renewer: _Renewer | None = None
 
     @property
     def cancel(self) -> threading.Event:
@@ -106,11 +119,13 @@ class LeaseKeeper:
         return self._held.lost
 
     def __enter__(self) -> LeaseKeeper:
-        self._id = _process_renewer().add(self._held)
+        # Removed later from this very renewer: ids are only unique within one.
+        self._renewer = _process_renewer()
+        self._id = self._renewer.add(self._held)
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self._id is not None:
-            _process_renewer().remove(self._id)
+        if self._renewer is not None and self._id is not None:
+            self._renewer.remove(self._id)

@@ -12,6 +12,7 @@ import json
 import logging
 import re
 import secrets
+import threading
 import time
 import uuid
 from collections import OrderedDict
@@ -118,9 +119,11 @@ class Finished:
     version: int = 0
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Transcript:
-    """The turns of one session this process has read, with their digest and the version seen."""
+    """The turns of one session this process has read, with their digest and the version seen.
+    Never changed once cached (a commit caches a new one): steps in other threads of the process
+    may be reading it."""
 
     turns: list[UserTurn | LlmTurn]
     digest: str
@@ -261,6 +264,7 @@ class Store:
         self.scripts = Scripts(client)
         self._agents: dict[str, AgentSpec] = {}
         self._turn_cache: OrderedDict[str, _Transcript] = OrderedDict()
+        self._turn_lock = threading.Lock()
 
     # -- plumbing ----------------------------------------------------------------------------
     def _run(
@@ -407,7 +411,8 @@ class Store:
             calls = cast("dict[str, str]", self.client.hgetall(self.keys.calls(session_id)))
             secrets = [parse_token(t)[1] for t in (json.loads(c).get("token") for c in calls.values()) if t]
             keys = self.keys.every_session_key(session_id, list(calls), secrets)
-            res = self._run("delete_session", session_id, [len(calls), "1" if force else "0"], (self.keys.ids, *keys))
+            extra = (self.keys.ids, self.keys.rewound, *keys)
+            res = self._run("delete_session", session_id, [len(calls), "1" if force else "0"], extra)
             if res[0] == "ok":
                 return int(res[1])
             if res[0] == "missing":
@@ -479,20 +484,16 @@ class Store:
     def load(self, session_id: str) -> Loaded:
         """Header, all stored turns, the newest batch's calls: one round trip (turns cached)."""
         check_session_id(session_id)
-        have = self._cached_turns(session_id)
-        res = self._run("load_session", session_id, [have])
+        seen = self._turn_cache.get(session_id)
+        res = self._run("load_session", session_id, [len(seen.turns) if seen else 0])
         if not res:
             raise UnknownSession(f"unknown session {session_id!r}", session_id=session_id)
-        return self._loaded(session_id, res, have)
+        return self._loaded(session_id, res, seen)
 
-    def _cached_turns(self, session_id: str) -> int:
-        entry = self._turn_cache.get(session_id)
-        return len(entry.turns) if entry else 0
-
-    def _loaded(self, session_id: str, payload: list[Any], have: int) -> Loaded:
+    def _loaded(self, session_id: str, payload: list[Any], seen: _Transcript | None) -> Loaded:
         flat, raw_turns, raw_calls, raw_results, holder, journal = payload
         header = header_from_hash(dict(zip(flat[::2], flat[1::2], strict=True)))
-        turns = self._transcript(session_id, header, raw_turns, have)
+        turns = self._transcript(session_id, header, raw_turns, seen)
         calls = [merge_outcome(c, r) for c, r in zip(raw_calls, raw_results, strict=True) if c]
         return Loaded(
             header=header,
@@ -503,21 +504,22 @@ class Store:
         )
 
     def _transcript(
-        self, session_id: str, header: SessionHeader, raw_turns: list[str], have: int
+        self, session_id: str, header: SessionHeader, raw_turns: list[str], seen: _Transcript | None
     ) -> list[UserTurn | LlmTurn]:
         """The cached turns plus the `raw_turns` stored after them, if they are the stored
-        transcript (same digest: same content, not only the same count); else every stored turn."""
-        entry = self._turn_cache.get(session_id)
-        usable = entry is not None and have == len(entry.turns)
-        base = entry.digest if entry is not None and usable else ""
-        cached = entry.turns if entry is not None and usable else []
+        transcript (same digest: same content, not only the same count); else every stored turn.
+        `seen` is the cache entry the read was asked from: another thread of this process may
+        have cached a newer one since, which says nothing about what Redis holds."""
+        entry = seen
+        base = entry.digest if entry is not None else ""
+        cached = entry.turns if entry is not None else []
         if header.turns_digest:
             digest = turn_digest(base, raw_turns)
             valid = digest == header.turns_digest
         else:  # a session stored before digests: its count is all there is to check
             digest = ""
             valid = len(cached) + len(raw_turns) == header.turn_count
-        if entry is not None and usable and (not valid or header.version < entry.version):
+        if entry is not None and (not valid or header.version < entry.version):
             self._went_back(session_id, entry, header)
         if valid:
             turns = cached + [_TURN.validate_json(t) for t in raw_turns]
@@ -525,11 +527,16 @@ class Store:
             raws = cast("list[str]", self.client.lrange(self.keys.turns(session_id), 0, -1))
             turns = [_TURN.validate_json(t) for t in raws]
             digest = turn_digest("", raws) if header.turns_digest else ""
-        self._turn_cache[session_id] = _Transcript(turns, digest, header.version)
-        self._turn_cache.move_to_end(session_id)
-        while len(self._turn_cache) > 512:
-            self._turn_cache.popitem(last=False)
+        self._remember(session_id, _Transcript(turns, digest, header.version))
         return list(turns)
+
+    def _remember(self, session_id: str, transcript: _Transcript) -> None:
+        """Cache a session's transcript, the most recently used 512 kept (threads share the cache)."""
+        with self._turn_lock:
+            self._turn_cache[session_id] = transcript
+            self._turn_cache.move_to_end(session_id)
+            while len(self._turn_cache) > 512:
+                self._turn_cache.popitem(last=False)
 
     def _went_back(self, session_id: str, seen: _Transcript, stored: SessionHeader) -> None:
         """Redis lost writes this process had read (a replica promoted before it had them, a power
@@ -581,10 +588,10 @@ class Store:
         ("ended", status) or ("missing", "")."""
         check_session_id(session_id)
         lease_ms = int(self.settings.lease_seconds * 1000)
-        have = self._cached_turns(session_id)
-        res = self._run("begin_step", session_id, [version, owner, lease_ms, request, have])
+        seen = self._turn_cache.get(session_id)
+        res = self._run("begin_step", session_id, [version, owner, lease_ms, request, len(seen.turns) if seen else 0])
         if res[0] == "ok":
-            loaded = self._loaded(session_id, res[1], have)
+            loaded = self._loaded(session_id, res[1], seen)
             loaded.redis_now = int(res[2]) / 1000
             return "ok", loaded
         return res[0], (res[1] if len(res) > 1 else "")
@@ -657,8 +664,7 @@ class Store:
         if res[0] == "ok":
             entry = self._turn_cache.get(sid)
             if entry is not None and len(entry.turns) == header.turn_count and entry.digest == header.turns_digest:
-                entry.turns.extend(new_turns)
-                entry.digest, entry.version = digest, int(res[1])
+                self._remember(sid, _Transcript([*entry.turns, *new_turns], digest, int(res[1])))
             return "ok", int(res[1]), bool(res[2])
         return res[0], 0, False
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
 
 from celery_agents.config import Settings
@@ -28,7 +29,28 @@ def state_url(settings: Settings) -> str:
     return settings.redis_url or EmbeddedRedis(settings.home).url
 
 
+#: the first steps of a threads-pool worker start together: one of them builds the context
+_build_lock = threading.Lock()
+
+
+def _reset_after_fork() -> None:
+    """A forked pool process starts with its own lock (another thread may have held the parent's)."""
+    global _build_lock
+    _build_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
 def worker_context(settings: Settings) -> WorkerContext:
+    ctx = _ctx
+    if ctx is not None and _pid == os.getpid():
+        return ctx
+    with _build_lock:
+        return _build(settings)
+
+
+def _build(settings: Settings) -> WorkerContext:
     global _ctx, _pid
     if _ctx is None or _pid != os.getpid():
         store = Store(client_for_url(state_url(settings)), settings)

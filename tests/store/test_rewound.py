@@ -3,6 +3,7 @@ older state: the cached transcript is checked by content, never by count alone."
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from celery_agents.model import LlmTurn
@@ -45,3 +46,51 @@ def test_a_transcript_read_as_stored_is_not_reported(store: Store, stores: Any) 
         step(s, sid, llm)
     assert store.rewound()[0] == 0
     assert store.header(sid).turns_digest
+
+
+def test_a_step_committed_by_another_thread_while_one_reads_is_not_reported(store: Store) -> None:
+    """Steps run in many threads of one process sharing one Store and its transcript cache: a
+    thread reading a session while another thread of the same process commits a step of it (a
+    duplicate delivery, `session show` beside a worker) reads the session as stored, and Redis is
+    not reported to have lost writes."""
+    sid = start(store)
+    step(store, sid, ScriptedLlm(llm_turn(("c1", "sync_a", "{}"))))  # cached in this process
+    step(store, sid)
+    reading, committed = threading.Event(), threading.Event()
+    run = store.scripts.run
+
+    def held_run(name: str, keys: list[str], args: list[Any], client: Any = None) -> Any:
+        if name == "load_session" and threading.current_thread().name == "reader":
+            reading.set()
+            assert committed.wait(10)  # the other thread's commit lands between the read's two halves
+        return run(name, keys, args, client=client)
+
+    store.scripts.run = held_run  # type: ignore[method-assign]
+    seen: list[Any] = []
+    reader = threading.Thread(target=lambda: seen.append(store.load(sid)), name="reader")
+    reader.start()
+    assert reading.wait(10)
+    step(store, sid, ScriptedLlm(llm_turn(text="done")))
+    committed.set()
+    reader.join(10)
+
+    (loaded,) = seen
+    assert [type(t).__name__ for t in loaded.turns] == [type(t).__name__ for t in store.turns(sid)]
+    assert len(loaded.turns) == store.header(sid).turn_count
+    assert store.rewound()[0] == 0, "no write was lost: doctor must not say Redis lost any"
+
+
+def test_deleting_a_rewound_session_clears_it_from_doctor(store: Store, stores: Any) -> None:
+    """`agents session delete` removes a session's entries in every shared index: doctor no longer
+    names a session that does not exist (nor does retention let the list grow for ever)."""
+    sid = start(store)
+    before = saved_keys(store, sid)
+    step(store, sid, ScriptedLlm(llm_turn(("lost", "sync_a", "{}"))), owner="worker-a")
+    lose_writes_since(store, sid, before)
+    step(stores(), sid, ScriptedLlm(llm_turn(("kept", "sync_a", "{}"))), owner="worker-b")
+    begin(store, sid, "worker-a")
+    assert store.rewound()[0] == 1
+    store.end_step(sid, "worker-a", "test", "done")
+    store.cancel(sid)
+    store.delete_session(sid)
+    assert store.rewound() == (0, {})

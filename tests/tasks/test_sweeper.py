@@ -101,3 +101,25 @@ def test_an_async_call_lost_before_publish_goes_again_though_its_queue_is_busy(
         repr((other, other_calls[0].field)),
         repr((sid, call.field)),
     ]
+
+
+def test_sweeps_that_leave_work_alone_leave_nothing_behind_in_redis(
+    store: Store, sweeper_settings: Settings, dispatcher: Dispatcher
+) -> None:
+    """The sweeper looks at up to 200 entries every second while a queue is busy: looking, when it
+    changes nothing (the step may still wait in its queue, or a worker runs it), writes nothing."""
+    now = time.time()
+    other = start(store, drive="auto", owe=True, now=now)
+    dispatcher.step(other, 1, "test")
+    waiting = [start(store, drive="auto", owe=True, now=now - 0.5) for _ in range(3)]
+    running = start(store, drive="auto", owe=True, now=now - 5)
+    store.client.set(store.keys.lease(running), "worker-a", px=60_000)
+    before = keys_under(store)
+    for i in range(10):
+        assert sweep_once(store, dispatcher, sweeper_settings, now=now + 2 + i * 0.1)["owed"] == 0
+    assert keys_under(store) == before, "each look at a waiting or running step left a key behind"
+    assert set(waiting) | {running} <= set(store.client.zrange(store.keys.owed, 0, -1)), "all still owed"
+
+
+def keys_under(store: Store) -> set[str]:
+    return set(store.client.scan_iter(f"{store.keys.prefix}*", count=1000))

@@ -140,12 +140,14 @@ end
 -- retries on connection errors) gets the first call's reply back instead of running again, so
 -- the outcome a caller reports is the true one. Kept long enough for any retry to arrive.
 -- A refusal changed nothing (or only added an event), so running it again answers the same: it is
--- not kept, and a refused command leaves no key behind.
+-- not kept, and a refused command leaves no key behind. So are the sweeper's verdicts other than
+-- `republish` (sweep_*.lua): it looks at up to hundreds of entries a second while a queue is busy.
 local REQUEST_TTL_S = 600
 local REFUSALS = {
   missing = true, unknown = true, exists = true, stale = true, ended = true, lost_lease = true,
   already = true, early = true, completed = true, expired = true, cancelled = true,
   active = true, changed = true, busy = true,
+  settled = true, running = true, waiting = true,
 }
 local function once(body)
   local seen = redis.call('GET', K.request)

@@ -1,6 +1,7 @@
 -- Delete a finished session: every key it owns and its entries in every shared index, at once.
--- KEYS[NKEYS+1] = the lexicographic id index, KEYS[NKEYS+2..] = the session's per-call and token
--- keys (store/keys.py `every_session_key`), computed from the calls the caller read.
+-- KEYS[NKEYS+1] = the lexicographic id index, KEYS[NKEYS+2] = the `rewound` hash (doctor),
+-- KEYS[NKEYS+3..] = the session's per-call and token keys (store/keys.py `every_session_key`),
+-- computed from the calls the caller read.
 -- ARGV[4] = how many calls the caller saw (a session that changed since is not deleted),
 -- ARGV[5] = "1" to delete an active session too (after it was cancelled, a worker may lag).
 local m = redis.call('HMGET', K.meta, 'status', 'state')
@@ -24,6 +25,7 @@ redis.call('ZREM', K.sessions, SID)
 redis.call('ZREM', K.owed, SID)
 for _, key in pairs(STATE_KEYS) do redis.call('ZREM', key, SID) end
 redis.call('ZREM', KEYS[NKEYS + 1], SID)
+redis.call('HDEL', KEYS[NKEYS + 2], SID)
 -- Every key passed that carries this session's hash tag is the session's own.
 local tag = '{' .. SID .. '}'
 local n = 0
