@@ -95,8 +95,9 @@ def test_a_step_owed_by_a_fast_worker_is_recovered_without_waiting_an_hour(
         sid = client.start(path, "go", run=True, wait=False).session_id
         wait_for(lambda: store.client.get(store.keys.fault("after_commit")) == sid, what="the commit checkpoint")
         doomed.kill()  # its next step was owed, never published
-        killed = time.monotonic()
         fleet.start()
-        wait_for(lambda: store.header(sid).status.value != "active", timeout=45, what="the owed step's recovery")
-        report("owed by a fast clock", recovered_after_s=round(time.monotonic() - killed, 2))
+        ready = time.monotonic()
+        # Before Redis's clock scored it, the entry looked owed an hour from now: nothing for an hour.
+        wait_for(lambda: store.header(sid).status.value != "active", timeout=90, what="the owed step's recovery")
+        report("owed by a fast clock", finished_after_ready_s=round(time.monotonic() - ready, 2))
         check_invariants(store, sid)
