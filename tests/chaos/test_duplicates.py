@@ -23,8 +23,9 @@ def test_duplicates_and_short_visibility_timeout_never_double_transition(
     fleet: Fleet, chaos_settings: Settings, llm_server: LlmServer, write_agent: Any, tmp_path: Path
 ) -> None:
     log = tmp_path / "runs.jsonl"
-    # The model takes 3 s and the async tool 3 s: both outlive the 1 s visibility timeout.
-    scenario = llm_server.scenario([conversation(delay_first=3, async_sleep=3)])
+    # The model takes 5 s and the async tool 3 s: both outlive the 1 s visibility timeout by
+    # enough for the broker's restore (every 0.5 s) to redeliver them even on a busy machine.
+    scenario = llm_server.scenario([conversation(delay_first=5, async_sleep=3)])
     path = write_agent(agent(scenario, llm_server.url, log))
     fleet.start(concurrency=2, AGENTS_VISIBILITY_TIMEOUT="1", AGENTS_RESTORE_INTERVAL="0.5")
     fleet.start(concurrency=1, AGENTS_VISIBILITY_TIMEOUT="1", AGENTS_RESTORE_INTERVAL="0.5")
