@@ -6,19 +6,18 @@ auto-driven session, the session is woken.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from celery_agents.runtime import run_call
 from celery_agents.tasks.celery_app import app, settings
 from celery_agents.tasks.config import CALL_TASK, ISOLATED_TASK, Dispatcher
-from celery_agents.tasks.context import worker_context
+from celery_agents.tasks.context import execution_owner, worker_context
 from celery_agents.tasks.recycle import leave_if_outrun
 
 
 def _run(task: Any, session_id: str, field: str, isolated: bool) -> str:
     ctx = worker_context(settings)
-    owner = f"{task.request.hostname or 'worker'}:{os.getpid()}:{task.request.id}"
+    owner = execution_owner(task.request)
     tools = ctx.isolated_tools if isolated else ctx.tools
     res = run_call(ctx.store, session_id, field, tools, owner)
     if res.finished is not None and res.finished.woken:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import threading
+import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from celery_agents.config import Settings
 from celery_agents.llm import LitellmPort
@@ -63,3 +65,11 @@ def _build(settings: Settings) -> WorkerContext:
         )
         _pid = os.getpid()
     return _ctx
+
+
+def execution_owner(request: Any) -> str:
+    """Who holds a lease for one execution of a task: the host, the process and the task id, plus
+    a nonce. A redelivered copy of the same message carries the same task id, and in a threads
+    pool it can run in the same process while the first copy still holds the lease: without the
+    nonce it would pass for the holder and run the step a second time."""
+    return f"{request.hostname or 'worker'}:{os.getpid()}:{request.id}:{uuid.uuid4().hex[:8]}"

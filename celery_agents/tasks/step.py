@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from celery_agents.runtime import StepResult, run_step
 from celery_agents.runtime.faults import checkpoint
 from celery_agents.tasks.celery_app import app, settings
 from celery_agents.tasks.config import STEP_TASK, Dispatcher
-from celery_agents.tasks.context import worker_context
+from celery_agents.tasks.context import execution_owner, worker_context
 from celery_agents.tasks.recycle import leave_if_outrun
 
 
@@ -32,7 +31,7 @@ def publish_after_step(dispatcher: Dispatcher, session_id: str, result: StepResu
 )
 def step(self: Any, session_id: str, expected_version: int, request: str = "") -> str:
     ctx = worker_context(settings)
-    owner = f"{self.request.hostname or 'worker'}:{os.getpid()}:{self.request.id}"
+    owner = execution_owner(self.request)
     result = run_step(
         ctx.store, session_id, int(expected_version), llm=ctx.llm, tools=ctx.tools, owner=owner, request=request or ""
     )
