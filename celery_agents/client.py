@@ -27,8 +27,10 @@ from typing import TYPE_CHECKING, Any
 from celery_agents.config import Settings
 from celery_agents.errors import InvalidInput, SessionNotAdvanceable, WaitTimeout
 from celery_agents.model import (
+    FINAL_EVENTS,
     AgentSpec,
     CompletionOutcome,
+    EventType,
     PendingCall,
     SessionHeader,
     SessionView,
@@ -180,7 +182,7 @@ class Client:
         if follow:
             for e in store.follow_events(session_id, after):
                 yield e
-                if e["type"] in _FINAL_EVENTS:
+                if e["type"] in FINAL_EVENTS:
                     return  # the session ended: nothing more will come
             return
         while True:
@@ -383,7 +385,7 @@ class Client:
         self._run_orphaned_calls(session_id)
         while True:
             h = store.header(session_id)
-            if h.status != Status.ACTIVE or h.drive != "auto" or h.state not in (State.READY, State.TOOLS):
+            if h.status != Status.ACTIVE or h.drive != "auto" or not h.state.owes_step:
                 break
             outcome = self._step_inline(session_id, h.version)
             after = self._replay(session_id, after, on_event)
@@ -422,15 +424,15 @@ class Client:
 
     def _settled(self, session_id: str, event: dict[str, Any] | None) -> bool:
         if event is not None and event["type"] not in (
-            "step_committed",
-            "step_noop",
-            "step_skipped",
-            "failed",
-            "cancelled",
-            "paused",
-            "tool_finished",
-            "token_completed",
-            "token_expired",
+            EventType.STEP_COMMITTED,
+            EventType.STEP_NOOP,
+            EventType.STEP_SKIPPED,
+            EventType.FAILED,
+            EventType.CANCELLED,
+            EventType.PAUSED,
+            EventType.TOOL_FINISHED,
+            EventType.TOKEN_COMPLETED,
+            EventType.TOKEN_EXPIRED,
         ):
             return False
         store = self.store
@@ -439,7 +441,7 @@ class Client:
             return True
         if store.lease_holder(session_id):
             return False
-        if h.state in (State.READY, State.TOOLS):
+        if h.state.owes_step:
             return h.drive != "auto"
         pending = store.pending_calls(session_id)
         if not pending:
@@ -495,17 +497,16 @@ def check_prompt(query: UserQuery, max_bytes: int) -> None:
 
 _WHOLE_ID = re.compile(r"^[0-9a-f]{32}$")
 _FINISHED = FINISHED_STATES
-_FINAL_EVENTS = frozenset({"completed", "failed", "cancelled"})
 
 
 def _step_done(event: dict[str, Any] | None, version: int, request: str) -> bool:
     if event is None:
         return False
     kind = event["type"]
-    if kind == "step_committed" and event.get("from_version") == version:
+    if kind == EventType.STEP_COMMITTED and event.get("from_version") == version:
         return True
-    if event.get("request") == request and kind in ("step_noop", "step_committed"):
+    if event.get("request") == request and kind in (EventType.STEP_NOOP, EventType.STEP_COMMITTED):
         return True
-    if event.get("request") == request and kind == "step_skipped" and event.get("reason") != "busy":
+    if event.get("request") == request and kind == EventType.STEP_SKIPPED and event.get("reason") != "busy":
         return True
-    return kind in ("failed", "cancelled")
+    return kind in (EventType.FAILED, EventType.CANCELLED)

@@ -15,8 +15,17 @@ from celery_agents.model.agent import (
     load_agent_file,
     parse_agent,
 )
-from celery_agents.model.calls import FINAL_STATES, CallState, TrackedCall, call_field
+from celery_agents.model.calls import FINAL_STATES, CallState, OutcomeState, TrackedCall, call_field
+from celery_agents.model.protocol import (
+    FINAL_EVENTS,
+    REFUSALS,
+    SCRIPT_OUTCOMES,
+    EventType,
+    ScriptOutcome,
+    StepOutcome,
+)
 from celery_agents.model.session import (
+    STEP_OWING_STATES,
     CompletionOutcome,
     Drive,
     ErrorInfo,
@@ -57,7 +66,11 @@ def build_schemas() -> None:
 
 __all__ = [
     "DISPOSITION_TAGS",
+    "FINAL_EVENTS",
     "FINAL_STATES",
+    "REFUSALS",
+    "SCRIPT_OUTCOMES",
+    "STEP_OWING_STATES",
     "AgentSpec",
     "CallState",
     "CompletionOutcome",
@@ -65,15 +78,19 @@ __all__ = [
     "DispositionTag",
     "Drive",
     "ErrorInfo",
+    "EventType",
     "LlmTurn",
     "Media",
+    "OutcomeState",
     "PartialUserTurn",
     "PendingCall",
     "PolicyRule",
+    "ScriptOutcome",
     "SessionHeader",
     "SessionView",
     "State",
     "Status",
+    "StepOutcome",
     "StoredTurn",
     "ToolCall",
     "ToolCallPolicy",

@@ -22,6 +22,7 @@ from celery_agents.model import (
     AgentSpec,
     CallState,
     ErrorInfo,
+    EventType,
     LlmTurn,
     Media,
     SessionHeader,
@@ -50,7 +51,7 @@ class Snapshot:
 
 @dataclass
 class Event:
-    type: str
+    type: EventType
     data: dict[str, Any] = field(default_factory=dict)
 
 
@@ -139,7 +140,7 @@ def _fail(
         state=State.FAILED,
         status=Status.FAILED,
         error=error,
-        events=[Event("failed", {"code": error.code, "message": error.message})],
+        events=[Event(EventType.FAILED, {"code": error.code, "message": error.message})],
     )
 
 
@@ -172,7 +173,7 @@ def _call_model(snap: Snapshot, ports: Ports, folded: UserTurn | None) -> Transi
         return _fail("llm", ErrorInfo(code=exc.code, message=exc.message, transient=exc.transient), head_before, prefix)
     turn = _normalise_call_ids(turn, ports)
     event = Event(
-        "llm_called",
+        EventType.LLM_CALLED,
         {
             "model": turn.model,
             "tool_calls": len(turn.tool_calls),
@@ -188,7 +189,7 @@ def _call_model(snap: Snapshot, ports: Ports, folded: UserTurn | None) -> Transi
             status=Status.COMPLETED,
             response=turn.text or "",
             usage=turn.usage,
-            events=[event, Event("completed", {})],
+            events=[event, Event(EventType.COMPLETED, {})],
         )
     return Transition(
         kind="llm", new_turns=[*prefix, turn], head="LlmTurn", state=State.TOOLS, usage=turn.usage, events=[event]
@@ -274,12 +275,14 @@ def _run_tools(snap: Snapshot, turn: LlmTurn, ports: Ports) -> Transition:
                 }
             )
             events.append(
-                Event("token_created", {"call_id": call.call_id, "tool": call.tool, "reason": call.reason or ""})
+                Event(
+                    EventType.TOKEN_CREATED, {"call_id": call.call_id, "tool": call.tool, "reason": call.reason or ""}
+                )
             )
         elif disp.tag in ("runAsync", "runIsolated"):
             call = call.model_copy(update={"state": CallState.RUNNING})
             events.append(
-                Event("tool_dispatched", {"call_id": call.call_id, "tool": call.tool, "disposition": disp.tag})
+                Event(EventType.TOOL_DISPATCHED, {"call_id": call.call_id, "tool": call.tool, "disposition": disp.tag})
             )
         calls.append(call)
     # runSync calls run inline, in the model's call order.
@@ -290,7 +293,7 @@ def _run_tools(snap: Snapshot, turn: LlmTurn, ports: Ports) -> Transition:
             calls[i] = _finish(call.model_copy(update={"started_at": started}), outcome, ports.clock.now())
             events.append(
                 Event(
-                    "tool_finished",
+                    EventType.TOOL_FINISHED,
                     {
                         "call_id": call.call_id,
                         "tool": call.tool,
@@ -323,7 +326,7 @@ def _too_many(turn: LlmTurn, agent: AgentSpec) -> str:
 
 
 def _finish(call: TrackedCall, outcome: CallOutcome, now: float) -> TrackedCall:
-    state = CallState.COMPLETED if outcome.state == "completed" else CallState.FAILED
+    state = CallState(outcome.state)
     meta = dict(call.meta)
     meta.update(outcome.meta)
     if outcome.media:

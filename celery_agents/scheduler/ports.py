@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from celery_agents.model import AgentSpec, LlmTurn, Media, TrackedCall
+from celery_agents.model import AgentSpec, LlmTurn, Media, OutcomeState, TrackedCall
 
 
 @dataclass(frozen=True)
@@ -40,9 +40,9 @@ class LlmPort(Protocol):
 
 @dataclass
 class CallOutcome:
-    """What executing one tool call produced. `state` is `completed` or `failed`."""
+    """What executing one tool call produced."""
 
-    state: str
+    state: OutcomeState
     result: Any = None
     error: str | None = None
     duration_ms: float | None = None

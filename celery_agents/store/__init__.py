@@ -7,6 +7,8 @@ from celery_agents.store.connection import broker_url, client_for_url
 from celery_agents.store.embedded import EmbeddedRedis
 from celery_agents.store.keys import FINISHED_STATES, Keys
 from celery_agents.store.store import (
+    Begun,
+    Committed,
     Finished,
     LeaseLost,
     Loaded,
@@ -23,6 +25,8 @@ from celery_agents.store.stream import COMPLETIONS_GROUP, CompletionStream, Grou
 __all__ = [
     "COMPLETIONS_GROUP",
     "FINISHED_STATES",
+    "Begun",
+    "Committed",
     "CompletionStream",
     "EmbeddedRedis",
     "Finished",

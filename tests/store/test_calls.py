@@ -245,7 +245,7 @@ def test_cancel_kills_tokens_clears_pending_and_fences_queued_steps(any_store: S
     assert not store.client.exists(store.keys.pending(sid))
     assert store.due_deadlines(time.time() + 2 * DAY) == []
     assert store.owed(older_than=9e9) == []
-    assert store.begin_step(sid, 3, "w")[0] == "ended"
+    assert store.begin_step(sid, 3, "w").outcome == "ended"
     assert [s.session_id for s in store.list_sessions("cancelled")] == [sid]
     assert [e["type"] for e in store.read_events(sid)][-2:] == ["cancelled", "step_skipped"]
 
