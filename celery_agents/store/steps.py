@@ -143,7 +143,7 @@ class StepStore(StoreCore):
         """Commit a step at `record.version`, unless the session moved on or the lease was lost."""
         sid = record.session_id
         token_keys = tuple(self.keys.token(sid, parse_token(c.token)[1]) for c in record.tokens if c.token)
-        res = self._run("commit_step", sid, [record.to_json()], extra_keys=token_keys, now=now)
+        res = self._run("commit_step", sid, record.to_args(), extra_keys=token_keys, now=now)
         if res[0] != "ok":
             return Committed(res[0])
         entry = self._turn_cache.get(sid)
