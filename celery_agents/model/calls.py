@@ -54,7 +54,6 @@ class TrackedCall(BaseModel):
     result: Any = None
     error: str | None = None
     token: str | None = None
-    task_id: str | None = None
     attempts: int = 0
     created_at: float = 0.0
     started_at: float | None = None

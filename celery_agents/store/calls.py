@@ -85,13 +85,6 @@ class CallStore(StoreCore):
             approximate=True,
         )
 
-    def token_info(self, token: str) -> dict[str, str]:
-        sid, secret = parse_token(token)
-        data = cast("dict[str, str]", self.client.hgetall(self.keys.token(sid, secret)))
-        if not data:
-            raise UnknownToken(token_message("unknown", token), token=token)
-        return data
-
     def expire_call(self, session_id: str, field: str, now: float | None = None) -> Finished:
         """Expire a deferred call if its deadline has passed by Redis's clock (or by `now`)."""
         raw = self.client.hget(self.keys.calls(session_id), field)

@@ -158,9 +158,6 @@ class StepStore(StoreCore):
         res = self._run("fail_step", session_id, [version, error.model_dump_json(), owner, error.code])
         return bool(res[0] == "ok")
 
-    def journal_get(self, session_id: str, field: str) -> str | None:
-        return cast("str | None", self.client.hget(self.keys.journal(session_id), field))
-
     def journal_put(self, session_id: str, field: str, value: str, owner: str, version: int) -> str:
         """Record work done in this step; returns the first recorded value (which wins). Raises
         `LeaseLost` when the step at `version`, run by `owner`, was taken over or overtaken."""

@@ -22,9 +22,6 @@ class SweepStore(StoreCore):
             )
         )
 
-    def touch_owed(self, session_id: str, now: float) -> None:
-        self.client.zadd(self.keys.owed, {session_id: int(now * 1000)}, xx=True)
-
     def sweep_owed(self, candidates: list[tuple[str, bool]], now: float) -> list[Swept]:
         """Settle outbox entries atomically, each (session id, whether a step no worker picked up
         counts as lost); one round trip. See `sweep_owed.lua`."""

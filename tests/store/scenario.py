@@ -6,11 +6,12 @@ from __future__ import annotations
 import secrets
 import time
 from dataclasses import dataclass
+from typing import cast
 
 from celery_agents.model import AgentSpec, TrackedCall, UserQuery
 from celery_agents.runtime import commit_transition
 from celery_agents.scheduler import Ports, Snapshot, Transition, advance
-from celery_agents.store import Committed, Loaded, Store, new_token
+from celery_agents.store import Committed, Loaded, Store, new_token, parse_token
 from tests.scheduler.fakes import RecordingTools, ScriptedLlm, llm_turn, make_agent
 
 AGENT = make_agent(executionMode="asynchronous", maxSteps=1000)
@@ -101,6 +102,12 @@ def waiting_on(store: Store, *calls: tuple[str, str], drive: str = "manual") -> 
     step(store, sid, llm=ScriptedLlm(llm_turn(*[(cid, tool, '{"n": 1}') for cid, tool in calls])))
     done = step(store, sid)
     return sid, done.transition.calls
+
+
+def token_hash(store: Store, token: str) -> dict[str, str]:
+    """What Redis holds for a token (its hash; empty when there is none)."""
+    sid, secret = parse_token(token)
+    return cast("dict[str, str]", store.client.hgetall(store.keys.token(sid, secret)))
 
 
 def token_of(calls: list[TrackedCall], call_id: str) -> str:

@@ -14,7 +14,7 @@ from celery_agents.errors import TokenAlreadyCompleted
 from celery_agents.model import CallState, LlmTurn, State, Status
 from celery_agents.store import Store, completion_json, outcome_json
 from tests.scheduler.fakes import ScriptedLlm, llm_turn
-from tests.store.scenario import begin, commit, decide, start, token_of, waiting_on
+from tests.store.scenario import begin, commit, decide, start, token_hash, token_of, waiting_on
 
 ROUNDS = 10
 
@@ -92,7 +92,7 @@ def test_two_completions_of_one_token_one_wins_the_other_learns_why(store: Store
     winner = "alice" if ra is won[0] else "bob"
     [call] = store.calls(sid)
     assert (call.state, call.result, call.completed_by) == (CallState.COMPLETED, winner, winner)
-    assert store.token_info(token)["completed_by"] == winner
+    assert token_hash(store, token)["completed_by"] == winner
     assert store.owed(older_than=9e9).count(sid) == 1
     store.client.zrem(store.keys.owed, sid)
 
