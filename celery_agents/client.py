@@ -119,11 +119,10 @@ class Client:
         return self.store.resolve(session_id)
 
     # -- views -------------------------------------------------------------------------------
-    def view(self, session_id: str, *, detail: bool = False, header: SessionHeader | None = None) -> SessionView:
+    def view(self, session_id: str, *, detail: bool = False) -> SessionView:
         """The contract's session view; `detail` adds the turns and every tracked call."""
-        session_id = header.session_id if header else self.resolve(session_id)
-        h = header or self.store.header(session_id)
-        view = self._views([h])[0]
+        session_id = self.resolve(session_id)
+        view = self._views([self.store.header(session_id)])[0]
         if detail:
             view.turns = [t.model_dump(mode="json") for t in self.store.turns(session_id)]
             view.calls = [c.model_dump(mode="json") for c in self.store.calls(session_id)]

@@ -12,6 +12,7 @@ from celery_agents.model.agent import (
     ToolCallPolicy,
     ToolSpec,
     agent_json_schema,
+    arguments_not_an_object,
     load_agent_file,
     parse_agent,
 )
@@ -98,6 +99,7 @@ __all__ = [
     "UserQuery",
     "UserTurn",
     "agent_json_schema",
+    "arguments_not_an_object",
     "build_schemas",
     "call_field",
     "load_agent_file",

@@ -33,6 +33,7 @@ from celery_agents.model import (
     TrackedCall,
     Usage,
     UserTurn,
+    arguments_not_an_object,
 )
 from celery_agents.scheduler.messages import build_messages
 from celery_agents.scheduler.policy import disposition_for
@@ -219,7 +220,7 @@ def _normalise_call_ids(turn: LlmTurn, ports: Ports) -> LlmTurn:
     return turn.model_copy(update={"tool_calls": fixed}) if changed else turn
 
 
-def _parse_arguments(raw: str) -> tuple[Any, str | None]:
+def _parse_arguments(tool: str, raw: str) -> tuple[Any, str | None]:
     if not raw.strip():
         return {}, None
     try:
@@ -227,7 +228,7 @@ def _parse_arguments(raw: str) -> tuple[Any, str | None]:
     except json.JSONDecodeError as exc:
         return raw, f"the arguments are not valid JSON ({exc.msg} at character {exc.pos}); send a JSON object"
     if not isinstance(value, dict):
-        return value, "the arguments must be a JSON object"
+        return value, arguments_not_an_object(tool)
     return value, None
 
 
@@ -239,7 +240,7 @@ def _run_tools(snap: Snapshot, turn: LlmTurn, ports: Ports) -> Transition:
     events: list[Event] = []
     for position, tc in enumerate(turn.tool_calls):
         disp = disposition_for(agent, tc.name)
-        args, arg_error = _parse_arguments(tc.arguments)
+        args, arg_error = _parse_arguments(tc.name, tc.arguments)
         call = TrackedCall(
             call_id=tc.id,
             tool=tc.name,
@@ -255,14 +256,7 @@ def _run_tools(snap: Snapshot, turn: LlmTurn, ports: Ports) -> Transition:
         if position >= agent.max_tool_calls_per_turn:
             call = _finish(call, CallOutcome(state="failed", attempts=0, error=_too_many(turn, agent)), now)
         elif tool is None:
-            names = ", ".join(t.name for t in agent.tools) or "none"
-            call = _finish(
-                call,
-                CallOutcome(
-                    state="failed", attempts=0, error=f"there is no tool named {tc.name!r}; the tools are: {names}"
-                ),
-                now,
-            )
+            call = _finish(call, CallOutcome(state="failed", attempts=0, error=agent.no_tool_named(tc.name)), now)
         elif arg_error is not None:
             call = _finish(call, CallOutcome(state="failed", attempts=0, error=arg_error), now)
         elif disp.tag == "defer":
@@ -326,11 +320,8 @@ def _too_many(turn: LlmTurn, agent: AgentSpec) -> str:
 
 
 def _finish(call: TrackedCall, outcome: CallOutcome, now: float) -> TrackedCall:
-    state = CallState(outcome.state)
-    meta = dict(call.meta)
-    meta.update(outcome.meta)
-    if outcome.media:
-        meta["media"] = [m.model_dump() for m in outcome.media]
+    state = outcome.call_state
+    meta = {**call.meta, **outcome.stored_meta()}
     return call.model_copy(
         update={
             "state": state,

@@ -3,7 +3,7 @@
 Nothing here knows about Celery or the model.
 """
 
-from celery_agents.store.connection import broker_url, client_for_url
+from celery_agents.store.connection import broker_url, client_for_url, state_url
 from celery_agents.store.embedded import EmbeddedRedis
 from celery_agents.store.keys import FINISHED_STATES, Keys
 from celery_agents.store.store import (
@@ -44,4 +44,5 @@ __all__ = [
     "new_token",
     "outcome_json",
     "parse_token",
+    "state_url",
 ]
