@@ -50,7 +50,9 @@ from celery_agents.model import (
     UserQuery,
     UserTurn,
 )
+from celery_agents.store.fleet import Fleet
 from celery_agents.store.keys import Keys
+from celery_agents.store.ledger import CallLedger
 from celery_agents.store.scripts import Scripts
 from celery_agents.store.signing import sign_spec, spec_verifies
 
@@ -254,7 +256,7 @@ def outcome_json(
     return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
 
 
-class Store:
+class Store(CallLedger, Fleet):
     """Session state in Redis under one key prefix."""
 
     def __init__(self, client: redis.Redis, settings: Settings | None = None) -> None:
