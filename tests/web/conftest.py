@@ -1,4 +1,4 @@
-"""`agents serve` fixtures: one worker and one serve process per test module (both real processes
+"""`agents serve` fixtures: one worker and one serve process for the whole tests/web package (both real processes
 on the private Redis), an HTTP client holding the API token, and Server-Sent Events read until an
 event arrives."""
 
@@ -21,17 +21,17 @@ from tests.support.workers import Worker, worker_env
 LIMIT_BYTES = 4096
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def module_prefix() -> str:
     return f"w{uuid.uuid4().hex[:10]}"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def api_token() -> str:
     return f"tok-{uuid.uuid4().hex}"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def web_workers(redis_url: str, module_prefix: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Worker]]:
     ws = start_workers(redis_url, module_prefix, tmp_path_factory.mktemp("logs"), count=1, concurrency=1)
     yield ws
@@ -45,7 +45,7 @@ def serve_env(redis_url: str, prefix: str, **extra: str) -> dict[str, str]:
     )
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def server(
     redis_url: str, module_prefix: str, api_token: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Serve]:
@@ -54,7 +54,7 @@ def server(
         yield s
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def api(server: Serve, api_token: str) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {api_token}"}, timeout=60) as c:
         yield c
