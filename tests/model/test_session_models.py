@@ -118,7 +118,6 @@ def test_tracked_call_round_trips_with_every_field() -> None:
         state=CallState.DEFERRED,
         reason="approval",
         token="sid.secret",
-        task_id="task-1",
         attempts=2,
         created_at=1.0,
         started_at=2.0,
