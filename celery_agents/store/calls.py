@@ -6,15 +6,8 @@ import json
 import time
 from typing import Any, cast
 
-from celery_agents.errors import (
-    TOKEN_ERRORS,
-    UnknownToken,
-)
-from celery_agents.model import (
-    CallState,
-    CompletionOutcome,
-    TrackedCall,
-)
+from celery_agents.errors import TOKEN_ERRORS, UnknownToken
+from celery_agents.model import CallState, CompletionOutcome, TrackedCall
 from celery_agents.store.codec import merge_outcome, outcome_json, token_message
 from celery_agents.store.core import StoreCore
 from celery_agents.store.ids import check_session_id, parse_token
@@ -105,7 +98,7 @@ class CallStore(StoreCore):
             now=now,
         )
         if res[0] != "ok":
-            return Finished(status=str(res[0]))
+            return Finished(status=res[0])
         return Finished(status="ok", remaining=int(res[1]), woken=bool(res[2]), version=int(res[3]))
 
     def due_deadlines(self, now: float, limit: int = 100) -> list[tuple[str, str]]:

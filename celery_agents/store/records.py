@@ -49,9 +49,10 @@ class Committed:
 
 @dataclass
 class Finished:
-    """What recording a call's outcome did."""
+    """What recording a call's outcome did: "ok", or the script's refusal ("already", "unknown",
+    "missing", "gone", "early", ...)."""
 
-    status: str
+    status: ScriptOutcome
     remaining: int = 0
     woken: bool = False
     version: int = 0

@@ -8,15 +8,8 @@ import logging
 import time
 from typing import Any, cast
 
-from celery_agents.errors import (
-    UnknownSession,
-)
-from celery_agents.model import (
-    ErrorInfo,
-    LlmTurn,
-    SessionHeader,
-    UserTurn,
-)
+from celery_agents.errors import UnknownSession
+from celery_agents.model import ErrorInfo, LlmTurn, SessionHeader, UserTurn
 from celery_agents.store.codec import STORED_TURN, merge_outcome, turn_digest
 from celery_agents.store.commit import CommitRecord
 from celery_agents.store.core import StoreCore

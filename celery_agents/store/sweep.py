@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from typing import cast
 
-from celery_agents.model import (
-    TrackedCall,
-)
+from celery_agents.model import TrackedCall
 from celery_agents.store.core import StoreCore
 from celery_agents.store.records import Swept
 
