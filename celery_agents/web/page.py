@@ -60,9 +60,19 @@ def _pretty(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False)
 
 
+def _arguments(value: Any) -> str:
+    """A model's call arguments (JSON text as the model sent it) pretty-printed when they parse."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return value
+    return _pretty(value)
+
+
 def _environment() -> Environment:
     env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=True)
-    env.filters.update(when=_when, pretty=_pretty, short=lambda sid: str(sid)[:8])
+    env.filters.update(when=_when, pretty=_pretty, arguments=_arguments, short=lambda sid: str(sid)[:8])
     env.globals.update(ago=_ago)
     return env
 
