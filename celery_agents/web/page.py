@@ -64,7 +64,7 @@ def _arguments(value: Any) -> str:
     """A model's call arguments (JSON text as the model sent it) pretty-printed when they parse."""
     if isinstance(value, str):
         try:
-            value = json.loads(value)
+            return _pretty(json.loads(value))
         except ValueError:
             return value
     return _pretty(value)
