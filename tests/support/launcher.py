@@ -10,9 +10,9 @@ code with the worker's argv: the very `agents worker` code, forking its Celery w
 zygote in turn (tasks/supervisor.py).
 
 A process's /proc/<pid>/environ shows the environment it was exec'd with, not the one set after a
-fork: so a worker whose environment differs from the launcher's in anything but `AGENTS_*`
-(a secret such as OPENAI_API_KEY that a test checks a tool cannot read, a library setting read at
-import) is exec'd as before (`can_fork`). Protocol on the launcher's stdin/stdout: a JSON request
+fork: a test that looks for a secret there execs its worker (`Worker(..., fork=False)`). A worker
+whose environment differs from the launcher's in more than `AGENTS_*` and `FORKABLE` (a library
+setting read at import) is exec'd as before (`can_fork`). Protocol on the launcher's stdin/stdout: a JSON request
 `{"argv", "env", "log"}` per line; replies `pid N` (in order), and `exit N CODE` when one ends.
 """
 
@@ -34,6 +34,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULE = "celery_agents.cli.main"
+#: keys outside AGENTS_* a forked worker may have: read when a model is called, not at import
+FORKABLE = frozenset({"OPENAI_API_KEY"})
 
 
 def base_env() -> dict[str, str]:
@@ -98,8 +100,11 @@ class Launcher:
         """Whether a worker with this argv and environment may be forked (see the module doc)."""
         if argv[1:3] != ["-m", MODULE] or argv[0] != sys.executable:
             return False
-        theirs = {k: v for k, v in env.items() if not k.startswith("AGENTS_")}
-        return theirs == self.env and self.proc.poll() is None
+
+        def fixed(e: Mapping[str, str]) -> dict[str, str]:
+            return {k: v for k, v in e.items() if not k.startswith("AGENTS_") and k not in FORKABLE}
+
+        return fixed(env) == fixed(self.env) and self.proc.poll() is None
 
     def spawn(self, argv: list[str], env: Mapping[str, str], log: Path | None) -> LaunchedProcess:
         request = json.dumps({"argv": argv, "env": dict(env), "log": str(log) if log else None}) + "\n"
