@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -340,6 +341,10 @@ def _preload(steps: bool) -> None:
         from celery_agents.llm.adapter import ensure_litellm
 
         ensure_litellm()
+    # Out of the collector's sight: a child's collections then leave these pages shared instead of
+    # touching (copying) every object the zygote holds.
+    gc.collect()
+    gc.freeze()
 
 
 def _reap(children: set[int], replies: int) -> None:

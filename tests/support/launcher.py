@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import json
 import os
 import runpy
@@ -173,6 +174,8 @@ def _preload() -> None:
     import typer
 
     del celery, httpx, kombu, litellm, pydantic, redis, typer
+    gc.collect()
+    gc.freeze()  # a worker's collections leave these pages shared (as in tasks/supervisor.py)
 
 
 def _serve() -> None:
