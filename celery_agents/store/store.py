@@ -51,8 +51,10 @@ from celery_agents.model import (
     UserTurn,
 )
 from celery_agents.store.fleet import Fleet
+from celery_agents.store.health import Health
 from celery_agents.store.keys import Keys
 from celery_agents.store.ledger import CallLedger
+from celery_agents.store.recovery import RecoveryReads
 from celery_agents.store.scripts import Scripts
 from celery_agents.store.signing import sign_spec, spec_verifies
 
@@ -256,7 +258,7 @@ def outcome_json(
     return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
 
 
-class Store(CallLedger, Fleet):
+class Store(CallLedger, Fleet, Health, RecoveryReads):
     """Session state in Redis under one key prefix."""
 
     def __init__(self, client: redis.Redis, settings: Settings | None = None) -> None:

@@ -130,7 +130,7 @@ class Supervisor:
             child.signal(signum)
 
     def run(self) -> int:
-        from celery_agents.tasks.celery_app import settings
+        from celery_agents.tasks.celery_app import worker_settings
         from celery_agents.tasks.services import WorkerServices, worker_resources
         from celery_agents.tools.sandbox import protect_process
 
@@ -139,6 +139,7 @@ class Supervisor:
             signal.signal(sig, self._on_signal)
         ready_r, ready_w = os.pipe()
         os.set_blocking(ready_r, False)
+        settings = worker_settings()
         with worker_resources(settings):
             services = WorkerServices(settings, self.plan.name, sorted(self.plan.queues))
             for child in self.children:

@@ -38,6 +38,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from celery_agents.config import Settings
 from celery_agents.model.agent import Limits
 from celery_agents.tools.bubblewrap import bwrap_argv, bwrap_path
 from celery_agents.tools.cgroup import Cgroups
@@ -76,15 +77,17 @@ class SandboxConfig:
 
     @classmethod
     def from_env(cls) -> SandboxConfig:
-        env = os.environ
-        home = env.get("AGENTS_HOME") or "~/.local/share/celery-agents"
-        sockets = [_socket_folder(env.get(name) or "") for name in ("AGENTS_REDIS_URL", "AGENTS_BROKER_URL")]
+        return cls.from_settings(Settings.from_env())
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> SandboxConfig:
+        sockets = [_socket_folder(url or "") for url in (settings.redis_url, settings.broker_url)]
         return cls(
-            bwrap=(env.get("AGENTS_SANDBOX_BWRAP") or "auto").lower(),
-            uid=(env.get("AGENTS_SANDBOX_UID") or "auto").lower(),
-            root=env.get("AGENTS_SANDBOX_DIR") or None,
-            cgroup=(env.get("AGENTS_SANDBOX_CGROUP") or "auto").lower(),
-            hidden=tuple(dict.fromkeys(p for p in [os.path.expanduser(home), *sockets] if p)),
+            bwrap=settings.sandbox_bwrap,
+            uid=settings.sandbox_uid,
+            root=settings.sandbox_dir,
+            cgroup=settings.sandbox_cgroup,
+            hidden=tuple(dict.fromkeys(p for p in [str(settings.home), *sockets] if p)),
         )
 
 
