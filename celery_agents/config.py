@@ -148,6 +148,12 @@ class Settings:
     sandbox_cgroup: Choice = field(
         default="auto", metadata=env("AGENTS_SANDBOX_CGROUP", "auto or off: a cgroup per runIsolated run")
     )
+    #: never stored, never printed (kept out of repr)
+    api_token: str | None = field(
+        default=None,
+        repr=False,
+        metadata=env("AGENTS_API_TOKEN", "`agents serve` asks every request for it; unset: loopback addresses only"),
+    )
     fault_pause: str = field(
         default="", metadata=env("AGENTS_FAULT_PAUSE", "chaos tests: the checkpoint a worker stops at")
     )
