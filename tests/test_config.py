@@ -42,6 +42,7 @@ SET = {
     "AGENTS_SANDBOX_UID": ("off", "off"),
     "AGENTS_SANDBOX_DIR": ("/tmp/boxes", "/tmp/boxes"),
     "AGENTS_SANDBOX_CGROUP": ("off", "off"),
+    "AGENTS_API_TOKEN": ("t" * 32, "t" * 32),
     "AGENTS_FAULT_PAUSE": ("after_commit", "after_commit"),
     "AGENTS_FAULT_PAUSE_SECONDS": ("1", 1.0),
     "AGENTS_FAULT_CLOCK_SHIFT": ("-3600", -3600.0),
