@@ -168,11 +168,6 @@ class Settings:
     def embedded(self) -> bool:
         return self.redis_url is None
 
-    @property
-    def skew_margin(self) -> float:
-        """The old name of `clock_skew`."""
-        return self.clock_skew
-
     @classmethod
     def from_env(cls, **overrides: Any) -> Settings:
         """The settings of this environment (a variable set to the empty string counts as unset);

@@ -105,7 +105,7 @@ def _sweep_owed(store: Store, dispatcher: Dispatcher, judge: _Judge, now: float)
     candidates = [(sid, judge.lost("steps", committed_ms)) for sid, committed_ms in owed]
     published = 0
     for swept in store.sweep_owed(candidates, now):
-        if swept.verdict == Recovery.REPUBLISH.value:
+        if swept.verdict is Recovery.REPUBLISH:
             dispatcher.step(swept.session_id, swept.version, request="sweeper")
             published += 1
     return published
@@ -118,7 +118,7 @@ def _sweep_dispatched(store: Store, dispatcher: Dispatcher, judge: _Judge, now: 
     candidates = [(c.session_id, c.field, judge.lost(_call_queue(c.disposition), c.committed_ms)) for c in due]
     published = 0
     for swept in store.sweep_dispatched(candidates, now):
-        if swept.verdict == Recovery.REPUBLISH.value and swept.call is not None:
+        if swept.verdict is Recovery.REPUBLISH and swept.call is not None:
             dispatcher.call(swept.session_id, swept.call)
             published += 1
     return published
