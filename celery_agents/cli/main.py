@@ -649,7 +649,7 @@ def serve(
     from celery_agents.web.app import create_app
 
     sys.stderr.write(f"serving http://{host}:{port}/ (API at /v1, docs at /docs)\n")
-    uvicorn.run(create_app(settings), host=host, port=port, log_level=loglevel.lower(), proxy_headers=False)
+    uvicorn.run(create_app(settings), host=host, port=port, log_level=loglevel.lower())
 
 
 @app.command()

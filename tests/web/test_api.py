@@ -239,3 +239,12 @@ def test_two_serve_processes_answer_alike_and_accept_each_others_forms(
         assert done.headers["location"] == f"/sessions/{sid}?done=approved"
         assert [e["type"] for e in read_events(other, sid, until="completed")][-1] == "completed"
         assert api.get(f"/v1/sessions/{sid}").json()["response"] == "both agree"
+
+
+def test_a_wait_that_runs_out_is_504_and_the_work_goes_on(api: httpx.Client, llm_server: LlmServer) -> None:
+    agent = one_approval(llm_server)
+    agent["model"] = f"openai/{llm_server.scenario([text('slow answer', delay=1.5)])}"
+    sid = started(api, agent)["session_id"]
+    timed_out = api.post(f"/v1/sessions/{sid}/step", params={"wait": "true", "timeout": 0.2})
+    assert error_of(timed_out, 504) == "wait_timeout"
+    assert read_events(api, sid, until="completed")[-1]["type"] == "completed"
