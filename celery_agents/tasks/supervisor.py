@@ -138,7 +138,7 @@ class Supervisor:
             child.signal(signum)
 
     def run(self) -> int:
-        from celery_agents.tasks.celery_app import settings
+        from celery_agents.tasks.celery_app import worker_settings
         from celery_agents.tasks.services import WorkerServices, worker_resources
         from celery_agents.tools.sandbox import protect_process
 
@@ -150,6 +150,7 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
             signal.signal(sig, self._on_signal)
         code = 0
+        settings = worker_settings()
         with worker_resources(settings):
             services = WorkerServices(settings, self.plan.name, sorted(self.plan.queues))
             for child in self.children:
