@@ -34,6 +34,20 @@ def _int_env(name: str, default: int) -> int:
     return value
 
 
+def _log_format(raw: str | None) -> str:
+    value = (raw or "text").strip().lower()
+    if value not in ("text", "json"):
+        raise ValueError(f"environment variable AGENTS_LOG_FORMAT={raw!r} must be text or json")
+    return value
+
+
+def _tracing(env: os._Environ[str]) -> bool:
+    flag = (env.get("AGENTS_TRACING") or "").strip().lower()
+    if flag in ("0", "off", "false", "no"):
+        return False
+    return flag in ("1", "on", "true", "yes") or bool(env.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
+
+
 #: the default of AGENTS_MAX_RESULT_BYTES and AGENTS_MAX_PROMPT_BYTES
 ONE_MIB = 1024 * 1024
 
@@ -79,6 +93,14 @@ class Settings:
     retention_days: float | None = None
     #: AGENTS_ALLOW_EVICTION=1: run on a Redis whose maxmemory-policy may evict keys
     allow_eviction: bool = False
+    #: AGENTS_METRICS_DIR: where this worker's processes write Prometheus metrics (set by
+    #: `agents worker --metrics-port`); None: no metrics are kept
+    metrics_dir: Path | None = None
+    #: AGENTS_LOG_FORMAT: "text" (Celery's lines) or "json" (one object per line)
+    log_format: str = "text"
+    #: OpenTelemetry traces: on when OTEL_EXPORTER_OTLP_ENDPOINT is set or AGENTS_TRACING=1
+    #: (AGENTS_TRACING=0 turns them off); the exporter reads the OTEL_* variables itself
+    tracing: bool = False
 
     @property
     def embedded(self) -> bool:
@@ -107,5 +129,8 @@ class Settings:
             spec_key=env.get("AGENTS_SPEC_KEY") or None,
             retention_days=max(_float_env("AGENTS_RETENTION_DAYS", 0.0), 0.0) or None,
             allow_eviction=env.get("AGENTS_ALLOW_EVICTION") == "1",
+            metrics_dir=Path(env["AGENTS_METRICS_DIR"]) if env.get("AGENTS_METRICS_DIR") else None,
+            log_format=_log_format(env.get("AGENTS_LOG_FORMAT")),
+            tracing=_tracing(env),
         )
         return replace(s, **overrides) if overrides else s  # type: ignore[arg-type]

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from celery_agents import observe
 from celery_agents.llm.demo import register_demo_model
 from celery_agents.llm.errors import classify
 from celery_agents.model import LlmTurn, ToolCall, Usage
@@ -198,7 +199,10 @@ class LitellmPort:
         failures: list[LlmFailure] = []
         for model, api_base, api_key_env in endpoints:
             try:
-                return self._complete_with(request, model, api_base, api_key_env)
+                with observe.model_call(model) as watch:
+                    turn = self._complete_with(request, model, api_base, api_key_env)
+                    observe.model_answered(watch, model, turn)
+                return turn
             except LlmFailure as exc:
                 failures.append(exc)
         last = failures[-1]

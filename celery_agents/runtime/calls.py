@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from redis.exceptions import LockError
 
+from celery_agents import observe
 from celery_agents.errors import UntrustedSpec
 from celery_agents.model import CallState, TrackedCall
 from celery_agents.runtime.lease import LeaseKeeper
@@ -59,9 +60,11 @@ def run_call(store: Store, session_id: str, field: str, tools: ToolPort, owner: 
             # A cancelled session empties its pending set: then the call's processes are killed.
             return bool(store.client.sismember(pending_key, field))
 
-        with LeaseKeeper(store, lease_key, owner, still_wanted=still_wanted) as keeper, cancellable(keeper.cancel):
-            outcome = tools.run(agent, session_id, call.model_copy(update={"started_at": started}))
-        outcome = bound_outcome(outcome, store.settings.max_result_bytes)
+        with observe.tool_call(agent, call) as watch:
+            with LeaseKeeper(store, lease_key, owner, still_wanted=still_wanted) as keeper, cancellable(keeper.cancel):
+                outcome = tools.run(agent, session_id, call.model_copy(update={"started_at": started}))
+            outcome = bound_outcome(outcome, store.settings.max_result_bytes)
+            observe.tool_ran(watch, outcome)
         state = CallState.COMPLETED if outcome.state == "completed" else CallState.FAILED
         meta = dict(outcome.meta)
         if outcome.media:

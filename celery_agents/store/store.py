@@ -725,6 +725,24 @@ class Store:
         err = TOKEN_ERRORS.get(status, UnknownToken)
         raise err(_token_message(status, token), **details)
 
+    def call_of_token(self, token: str) -> tuple[TrackedCall, str] | None:
+        """The deferred call a token completes and its session's agent hash, or None (unknown
+        token); two round trips, taken only when metrics or traces want the call."""
+        try:
+            sid, secret = parse_token(token)
+        except UnknownToken:
+            return None
+        field = self.client.hget(self.keys.token(sid, secret), "field")
+        if field is None:
+            return None
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hget(self.keys.calls(sid), field)
+        pipe.hget(self.keys.meta(sid), "agent_hash")
+        raw, agent_hash = pipe.execute()
+        if raw is None:
+            return None
+        return TrackedCall.model_validate_json(raw), agent_hash or ""
+
     def record_rejection(
         self, token: str, reason: str, message: str, *, by: str = "", entry: str = "", now: float | None = None
     ) -> None:

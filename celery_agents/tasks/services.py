@@ -11,25 +11,40 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
-from celery.signals import worker_init, worker_ready, worker_shutdown
+from celery.signals import worker_init, worker_process_shutdown, worker_ready, worker_shutdown
 from redis.exceptions import LockError
 from redis.lock import Lock
 
+from celery_agents import observe
 from celery_agents.config import Settings
 from celery_agents.errors import RedisUnavailable
 from celery_agents.model import TrackedCall, build_schemas
+from celery_agents.observe.logs import connect_celery
 from celery_agents.runtime.completions import CompletionConsumer
 from celery_agents.store import FINISHED_STATES, EmbeddedRedis, Store
 from celery_agents.tasks.celery_app import app, settings
-from celery_agents.tasks.config import Dispatcher
+from celery_agents.tasks.config import CALL_TASK, ISOLATED_TASK, STEP_TASK, Dispatcher
 from celery_agents.tasks.context import worker_context
 from celery_agents.tasks.queues import QueueHead, QueueProbe
 from celery_agents.tasks.recycle import mark_supervised
 
 log = logging.getLogger("celery_agents.services")
+
+
+def task_log_fields(task_name: str, args: Sequence[Any]) -> dict[str, Any]:
+    """What a task's log lines are about: its session, and the step version or the call."""
+    if task_name == STEP_TASK and len(args) >= 2:
+        return {"session_id": str(args[0]), "version": args[1]}
+    if task_name in (CALL_TASK, ISOLATED_TASK) and len(args) >= 2:
+        return {"session_id": str(args[0]), "call": str(args[1])}
+    return {}
+
+
+# Session, step version and call on every line a worker logs; JSON lines under AGENTS_LOG_FORMAT=json.
+connect_celery(settings.log_format == "json", task_log_fields)
 
 
 def sweep_once(
@@ -72,10 +87,13 @@ def sweep_once(
     if owed:
         waiting = heads.get("steps", QueueHead(None))
         lost = [(sid, waiting.cannot_hold(score, margin_ms) or score <= lost_cutoff) for sid, score in owed]
+        judged_lost = dict(lost)
         for swept in store.sweep_owed(lost, now):
             if swept.verdict == "republish":
                 dispatcher.step(swept.session_id, swept.version, request="sweeper")
                 counts["owed"] += 1
+                # Not judged lost: a worker had picked it up and its lease lapsed.
+                observe.republished("step", takeover=not judged_lost.get(swept.session_id, True))
 
     dispatched = cast(
         "list[tuple[str, float]]", r.zrangebyscore(k.dispatched, "-inf", cutoff, start=0, num=200, withscores=True)
@@ -94,10 +112,12 @@ def sweep_once(
         for (sid, field, score), raw in zip(rows, raws, strict=True):
             head = by_disposition.get(TrackedCall.model_validate_json(raw).disposition) if raw else unknown
             candidates.append((sid, field, head is None or head.cannot_hold(score, margin_ms) or score <= lost_cutoff))
+        judged = {(sid, field): lost for sid, field, lost in candidates}
         for swept in store.sweep_dispatched(candidates, now):
             if swept.verdict == "republish" and swept.call is not None:
                 dispatcher.call(swept.session_id, swept.call)
                 counts["redispatched"] += 1
+                observe.republished("call", takeover=not judged.get((swept.session_id, swept.field or ""), True))
 
     for sid, finished in store.expire_due(now):
         if finished.status == "ok":
@@ -323,3 +343,8 @@ def _on_worker_shutdown(**_: Any) -> None:
     if _embedded is not None:
         _embedded.release()
         _embedded = None
+
+
+@worker_process_shutdown.connect  # type: ignore[untyped-decorator]
+def _on_process_shutdown(**_: Any) -> None:
+    observe.flush()  # a pool process's spans still buffered

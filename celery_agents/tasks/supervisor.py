@@ -22,8 +22,13 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
 from types import FrameType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from celery_agents.config import Settings
 
 log = logging.getLogger("celery_agents.worker")
 
@@ -50,6 +55,8 @@ class WorkerPlan:
     step_processes: int = field(default_factory=default_step_processes)
     step_threads: int = DEFAULT_STEP_THREADS
     loglevel: str = "INFO"
+    #: serve Prometheus metrics on 127.0.0.1:metrics_port (None: keep no metrics)
+    metrics_port: int | None = None
 
     @property
     def node(self) -> tuple[str, str]:
@@ -139,7 +146,7 @@ class Supervisor:
             signal.signal(sig, self._on_signal)
         ready_r, ready_w = os.pipe()
         os.set_blocking(ready_r, False)
-        with worker_resources(settings):
+        with worker_resources(settings), self._metrics(settings):
             services = WorkerServices(settings, self.plan.name, sorted(self.plan.queues))
             for child in self.children:
                 child.start(ready_w)
@@ -169,6 +176,27 @@ class Supervisor:
                 os.close(ready_r)
                 os.close(ready_w)
         return 0
+
+    @contextlib.contextmanager
+    def _metrics(self, settings: Settings) -> Iterator[None]:
+        """`/metrics` while the worker runs: every process of this worker counts into one folder,
+        emptied now (the Celery workers inherit its name through the environment)."""
+        if self.plan.metrics_port is None:
+            yield
+            return
+        from celery_agents import observe
+        from celery_agents.observe.metrics import prepare_dir
+        from celery_agents.observe.scrape import serve_worker_metrics
+
+        path = settings.home / "metrics" / self.plan.name.replace("/", "_")
+        prepare_dir(path)
+        observe.setup(replace(settings, metrics_dir=path))
+        server = serve_worker_metrics(self.plan.metrics_port, path, settings)
+        log.info("metrics on http://127.0.0.1:%s/metrics", server.port)
+        try:
+            yield
+        finally:
+            server.close()
 
     @staticmethod
     def _ready(fd: int, ready: set[int]) -> set[int]:

@@ -48,6 +48,7 @@ class Worker:
         prefix: Sequence[str] = (),
         step_processes: int = 1,
         step_threads: int | None = None,
+        extra_args: Sequence[str] = (),
     ) -> None:
         """`prefix`: an argv the worker command runs under (tests/support/confinement.py)."""
         self.env = env
@@ -70,6 +71,7 @@ class Worker:
         ]
         if step_threads is not None:
             self.args += ["--step-threads", str(step_threads)]
+        self.args += list(extra_args)
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
 
