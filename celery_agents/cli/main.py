@@ -582,6 +582,9 @@ def worker(
             "--metrics-port", help="Serve Prometheus metrics at http://127.0.0.1:PORT/metrics.", min=0, max=65535
         ),
     ] = None,
+    metrics_host: Annotated[
+        str, typer.Option("--metrics-host", help="Address /metrics listens on (0.0.0.0 in a container).")
+    ] = "127.0.0.1",
 ) -> None:
     """Run the workers for steps and tool calls (on the embedded Redis when AGENTS_REDIS_URL is unset).
 
@@ -609,6 +612,7 @@ def worker(
         step_threads=step_threads,
         loglevel=loglevel,
         metrics_port=metrics_port,
+        metrics_host=metrics_host,
     )
     try:
         code = Supervisor(plan).run()

@@ -107,16 +107,16 @@ class WaitingCollector:
 
 
 class MetricsServer:
-    """`/metrics` on 127.0.0.1:port: the sum of every process's files plus the gauges of what waits."""
+    """`/metrics` on host:port: the sum of every process's files plus the gauges of what waits."""
 
-    def __init__(self, port: int, path: Path, waiting: WaitingCollector) -> None:
+    def __init__(self, host: str, port: int, path: Path, waiting: WaitingCollector) -> None:
         from prometheus_client import CollectorRegistry, start_http_server
         from prometheus_client.multiprocess import MultiProcessCollector
 
         registry = CollectorRegistry()
         MultiProcessCollector(registry, path=str(path))  # type: ignore[no-untyped-call]
         registry.register(waiting)
-        self.server, self.thread = start_http_server(port, addr="127.0.0.1", registry=registry)
+        self.server, self.thread = start_http_server(port, addr=host, registry=registry)
         self.port = self.server.server_port
 
     def close(self) -> None:

@@ -15,7 +15,7 @@ from celery_agents.tasks.context import state_url
 from celery_agents.tasks.queues import QueueProbe
 
 
-def serve_worker_metrics(port: int, path: Path, settings: Settings) -> MetricsServer:
+def serve_worker_metrics(host: str, port: int, path: Path, settings: Settings) -> MetricsServer:
     store = Store(client_for_url(state_url(settings)), settings)  # its own connections: scrapes are a thread
     probe = QueueProbe(settings, store.client)
     lock = threading.Lock()  # scrapes may come at once; the probe keeps one broker connection
@@ -27,4 +27,4 @@ def serve_worker_metrics(port: int, path: Path, settings: Settings) -> MetricsSe
         with lock:
             return {name: head.depth for name, head in probe.heads(QUEUES).items()}
 
-    return MetricsServer(port, path, WaitingCollector(backlog, depths))
+    return MetricsServer(host, port, path, WaitingCollector(backlog, depths))

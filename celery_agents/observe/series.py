@@ -31,3 +31,9 @@ lease_takeovers = Counter("agents_lease_takeovers", "Steps and calls taken over 
                           ["kind"], registry=None)  # fmt: skip
 sandbox_oom_kills = Counter("agents_sandbox_oom_kills", "Processes of isolated calls the kernel killed for memory.",
                             registry=None)  # fmt: skip
+
+# Series that stay at zero on a healthy fleet are served from the start, so that a dashboard's
+# rate() sees their first increase.
+for _kind in ("step", "call"):
+    republished.labels(_kind)
+    lease_takeovers.labels(_kind)

@@ -57,6 +57,8 @@ class WorkerPlan:
     loglevel: str = "INFO"
     #: serve Prometheus metrics on 127.0.0.1:metrics_port (None: keep no metrics)
     metrics_port: int | None = None
+    #: the address `/metrics` listens on: loopback unless a container's scraper must reach it
+    metrics_host: str = "127.0.0.1"
 
     @property
     def node(self) -> tuple[str, str]:
@@ -191,8 +193,8 @@ class Supervisor:
         path = settings.home / "metrics" / self.plan.name.replace("/", "_")
         prepare_dir(path)
         observe.setup(replace(settings, metrics_dir=path))
-        server = serve_worker_metrics(self.plan.metrics_port, path, settings)
-        log.info("metrics on http://127.0.0.1:%s/metrics", server.port)
+        server = serve_worker_metrics(self.plan.metrics_host, self.plan.metrics_port, path, settings)
+        log.info("metrics on http://%s:%s/metrics", self.plan.metrics_host, server.port)
         try:
             yield
         finally:
