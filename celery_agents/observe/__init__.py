@@ -171,8 +171,7 @@ def tool_call(agent: AgentSpec | None, call: TrackedCall) -> Iterator[Watch]:
     tool = tool_label(agent, call.tool)
     attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": tool,
                   "gen_ai.tool.call.id": call.call_id, "agents.disposition": call.disposition}  # fmt: skip
-    add_context(call_id=call.call_id)
-    with _span(f"execute_tool {tool}", attributes, watch):
+    with log_context(call_id=call.call_id), _span(f"execute_tool {tool}", attributes, watch):
         try:
             yield watch
         finally:
