@@ -17,16 +17,16 @@ import contextlib
 import os
 import re
 import socket
-import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from celery_agents.config import Settings
-from celery_agents.errors import InvalidInput, SessionNotAdvanceable, WaitTimeout
+from celery_agents.drivers import CeleryDriver, EventHook, InlineDriver, LocalRunners, Publisher, StepDriver
+from celery_agents.errors import InvalidInput, SessionNotAdvanceable
 from celery_agents.model import (
+    FINAL_EVENTS,
     AgentSpec,
     CompletionOutcome,
     PendingCall,
@@ -40,24 +40,31 @@ from celery_agents.model import (
 from celery_agents.store import FINISHED_STATES, EmbeddedRedis, Store, client_for_url
 
 if TYPE_CHECKING:
-    from celery_agents.tools import ToolRunner
+    from celery_agents.scheduler.ports import LlmPort, ToolPort
+    from celery_agents.tasks.config import Dispatcher
 
-EventHook = Callable[[dict[str, Any]], None]
+__all__ = ["Client", "EventHook", "check_prompt"]
 
 
 class Client:
-    """A connection to celery-agents' Redis, and the verbs of the CLI."""
+    """A connection to celery-agents' Redis, and the verbs of the CLI. How steps run is the
+    driver's business (`celery_agents.drivers`): inline here, or on Celery workers."""
 
     def __init__(
-        self, settings: Settings | None = None, *, inline: bool | None = None, llm: Any = None, tools: Any = None
+        self,
+        settings: Settings | None = None,
+        *,
+        inline: bool | None = None,
+        llm: LlmPort | None = None,
+        tools: ToolPort | None = None,
     ) -> None:
         self.settings = settings or Settings.from_env()
         self.inline = self.settings.embedded if inline is None else inline
-        self._llm, self._tools = llm, tools
-        self._isolated: ToolRunner | None = None
+        self.runners = LocalRunners(llm, tools)
+        self.publisher = Publisher(self.settings)
         self._store: Store | None = None
         self._embedded: EmbeddedRedis | None = None
-        self._dispatcher: Any = None
+        self._driver: StepDriver | None = None
         self.owner = f"cli@{socket.gethostname()}:{os.getpid()}"
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -72,10 +79,25 @@ class Client:
             self._store = Store(client_for_url(url), self.settings)
         return self._store
 
+    @property
+    def driver(self) -> StepDriver:
+        """Inline (steps here) or Celery (steps on workers), chosen by `inline`."""
+        if self._driver is None:
+            if self.inline:
+                self._driver = InlineDriver(self.store, self.runners, self.publisher, self.owner)
+            else:
+                self._driver = CeleryDriver(self.store, self.publisher)
+        return self._driver
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        return self.publisher.dispatcher
+
     def close(self) -> None:
         if self._store is not None:
             self._store.client.close()
             self._store = None
+        self._driver = None
         if self._embedded is not None:
             self._embedded.release()
             self._embedded = None
@@ -88,26 +110,6 @@ class Client:
     ) -> None:
         self.close()
 
-    @property
-    def dispatcher(self) -> Any:
-        if self._dispatcher is None:
-            from celery_agents.tasks.config import Dispatcher, make_app
-
-            self._dispatcher = Dispatcher(make_app(self.settings, main="celery_agents_client"))
-        return self._dispatcher
-
-    def _ports(self) -> tuple[Any, Any, Any]:
-        if self._llm is None:
-            from celery_agents.llm import LitellmPort
-
-            self._llm = LitellmPort()
-        if self._tools is None or self._isolated is None:
-            from celery_agents.tools import ToolRunner
-
-            self._tools = self._tools or ToolRunner()
-            self._isolated = ToolRunner(isolated=True)
-        return self._llm, self._tools, self._isolated
-
     # -- ids ---------------------------------------------------------------------------------
     def resolve(self, session_id: str) -> str:
         """The whole session id for an id or any unique prefix of one (as git takes commits); an
@@ -117,11 +119,10 @@ class Client:
         return self.store.resolve(session_id)
 
     # -- views -------------------------------------------------------------------------------
-    def view(self, session_id: str, *, detail: bool = False, header: SessionHeader | None = None) -> SessionView:
+    def view(self, session_id: str, *, detail: bool = False) -> SessionView:
         """The contract's session view; `detail` adds the turns and every tracked call."""
-        session_id = header.session_id if header else self.resolve(session_id)
-        h = header or self.store.header(session_id)
-        view = self._views([h])[0]
+        session_id = self.resolve(session_id)
+        view = self._views([self.store.header(session_id)])[0]
         if detail:
             view.turns = [t.model_dump(mode="json") for t in self.store.turns(session_id)]
             view.calls = [c.model_dump(mode="json") for c in self.store.calls(session_id)]
@@ -180,7 +181,7 @@ class Client:
         if follow:
             for e in store.follow_events(session_id, after):
                 yield e
-                if e["type"] in _FINAL_EVENTS:
+                if e["type"] in FINAL_EVENTS:
                     return  # the session ended: nothing more will come
             return
         while True:
@@ -214,7 +215,10 @@ class Client:
         if on_created is not None:
             on_created(h.session_id)
         if run:
-            return self._drive(h.session_id, h.version, wait=wait, timeout=timeout, on_event=on_event, after="0-0")
+            self.driver.drive(
+                h.session_id, h.version, after="0-0", publish=True, wait=wait, timeout=timeout, on_event=on_event
+            )
+            return self.view(h.session_id)
         if step:
             return self.step(h.session_id, wait=wait, timeout=timeout, on_event=on_event)
         return self.view(h.session_id)
@@ -228,17 +232,8 @@ class Client:
         store = self.store
         self.catch_up()
         version = store.prepare_step(session_id)
-        if self.inline:
-            after = store.last_event_id(session_id)
-            self._run_orphaned_calls(session_id)
-            self._step_inline(session_id, version)
-            self._replay(session_id, after, on_event)
-            return self.view(session_id)
-        request = uuid.uuid4().hex
         after = store.last_event_id(session_id)
-        self.dispatcher.step(session_id, version, request)
-        if wait:
-            self._wait(session_id, after, timeout, on_event, lambda e: _step_done(e, version, request))
+        self.driver.step(session_id, version, after=after, wait=wait, timeout=timeout, on_event=on_event)
         return self.view(session_id)
 
     def resume(
@@ -250,9 +245,8 @@ class Client:
         self.catch_up()
         after = store.last_event_id(session_id)
         version, owed = store.set_drive(session_id, "auto")
-        return self._drive(
-            session_id, version, wait=wait, timeout=timeout, on_event=on_event, after=after, publish=owed
-        )
+        self.driver.drive(session_id, version, after=after, publish=owed, wait=wait, timeout=timeout, on_event=on_event)
+        return self.view(session_id)
 
     def pause(self, session_id: str) -> SessionView:
         """Stop driving: no further step is enqueued; a step in flight finishes and commits."""
@@ -270,32 +264,21 @@ class Client:
         """Complete a deferred call with its result (or, with `error`, its error text)."""
         from celery_agents.runtime.completions import complete
 
-        return complete(
-            self.store, token, result, is_error=error, by=by, wake=self._wake if self._publish_wakes() else None
-        )
+        return complete(self.store, token, result, is_error=error, by=by, wake=self.driver.wake)
 
     def catch_up(self) -> None:
         """Apply what only workers apply otherwise: due deadlines and, when no worker runs, the
         completions other systems wrote to the stream."""
-        store = self.store
-        for sid, finished in store.expire_due():
-            if finished.woken and self._publish_wakes():
-                self._wake(sid, finished.version)
-        if self.inline and store.client.xlen(store.keys.completions) and not store.live_workers():
-            from celery_agents.runtime.completions import CompletionConsumer
-
-            CompletionConsumer(store, self.owner).poll(block_ms=None)
+        driver = self.driver
+        for sid, finished in self.store.expire_due():
+            if finished.woken:
+                driver.wake(sid, finished.version)
+        driver.catch_up()
 
     def interrupted(self, session_id: str) -> bool:
         """The command driving `session_id` was interrupted (Ctrl-C). Inline, nothing else would
         drive it: its step is let go and the session paused (True); on workers it goes on (False)."""
-        if not self.inline:
-            return False
-        store = self.store
-        if store.lease_holder(session_id) == self.owner:
-            store.end_step(session_id, self.owner, "", "interrupted", keep_owed=True)
-        self.pause(session_id)
-        return True
+        return self.driver.interrupted(self.resolve(session_id))
 
     # -- removing ----------------------------------------------------------------------------
     def delete(self, session_id: str, *, force: bool = False) -> str:
@@ -319,168 +302,21 @@ class Client:
         store = self.store
         return store.purge(states, store.server_time() - older_than, limit)
 
-    def _wake(self, session_id: str, version: int) -> None:
-        self.dispatcher.step(session_id, version, "wake")
-
     def run_isolated(self, session_id: str) -> SessionView:
         """Run this session's unfinished runIsolated calls here, sandboxed, and record their results."""
         from celery_agents.runtime import run_call
 
         session_id = self.resolve(session_id)
         store = self.store
-        _, _, isolated = self._ports()
+        finished = []
         for call in store.pending_calls(session_id):
             if call.disposition != "runIsolated":
                 continue
-            res = run_call(store, session_id, call.field, isolated, self.owner)
-            if res.finished is not None and res.finished.woken and not self.inline:
-                self.dispatcher.step(session_id, res.finished.version, "wake")
-        if self.inline:
-            h = store.header(session_id)
-            if h.drive == "auto":
-                self._drive_inline(session_id)
+            res = run_call(store, session_id, call.field, self.runners.isolated, self.owner)
+            if res.finished is not None:
+                finished.append(res.finished)
+        self.driver.calls_ran(session_id, finished)
         return self.view(session_id)
-
-    # -- inline execution --------------------------------------------------------------------
-    def _publish_wakes(self) -> bool:
-        return not self.inline or bool(self.store.live_workers())
-
-    def _step_inline(self, session_id: str, version: int) -> str:
-        from celery_agents.runtime import run_step
-
-        llm, tools, _ = self._ports()
-        result = run_step(self.store, session_id, version, llm=llm, tools=tools, owner=self.owner)
-        if result.outcome == "busy":
-            raise SessionNotAdvanceable(
-                f"session {session_id} is running a step elsewhere; try again when it ends", session_id=session_id
-            )
-        for call in result.dispatch:
-            self._run_dispatched(session_id, call.field, call.disposition)
-        return result.outcome
-
-    def _run_dispatched(self, session_id: str, field: str, disposition: str) -> None:
-        from celery_agents.runtime import run_call
-
-        _, tools, isolated = self._ports()
-        run_call(self.store, session_id, field, isolated if disposition == "runIsolated" else tools, self.owner)
-
-    def _run_orphaned_calls(self, session_id: str) -> None:
-        """Dispatched calls nobody runs (this process died before running them, and no worker is
-        there to take them) run here before the session moves on."""
-        store = self.store
-        orphans = [
-            c
-            for c in store.pending_calls(session_id)
-            if c.disposition in ("runAsync", "runIsolated")
-            and not store.client.exists(store.keys.call_lease(session_id, c.field))
-        ]
-        if orphans and not store.live_workers():
-            for c in orphans:
-                self._run_dispatched(session_id, c.field, c.disposition)
-
-    def _drive_inline(self, session_id: str, on_event: EventHook | None = None, after: str = "0-0") -> None:
-        store = self.store
-        self._run_orphaned_calls(session_id)
-        while True:
-            h = store.header(session_id)
-            if h.status != Status.ACTIVE or h.drive != "auto" or h.state not in (State.READY, State.TOOLS):
-                break
-            outcome = self._step_inline(session_id, h.version)
-            after = self._replay(session_id, after, on_event)
-            if outcome not in ("committed", "stale"):
-                break
-        self._replay(session_id, after, on_event)
-
-    def _replay(self, session_id: str, after: str, on_event: EventHook | None) -> str:
-        if on_event is None:
-            return after
-        for e in self.store.read_events(session_id, after):
-            on_event(e)
-            after = e["id"]
-        return after
-
-    # -- queue mode --------------------------------------------------------------------------
-    def _drive(
-        self,
-        session_id: str,
-        version: int,
-        *,
-        wait: bool,
-        timeout: float | None,
-        on_event: EventHook | None,
-        after: str,
-        publish: bool = True,
-    ) -> SessionView:
-        if self.inline:
-            self._drive_inline(session_id, on_event, after)
-            return self.view(session_id)
-        if publish:
-            self.dispatcher.step(session_id, version, "drive")
-        if wait:
-            self._wait(session_id, after, timeout, on_event, lambda e: self._settled(session_id, e))
-        return self.view(session_id)
-
-    def _settled(self, session_id: str, event: dict[str, Any] | None) -> bool:
-        if event is not None and event["type"] not in (
-            "step_committed",
-            "step_noop",
-            "step_skipped",
-            "failed",
-            "cancelled",
-            "paused",
-            "tool_finished",
-            "token_completed",
-            "token_expired",
-        ):
-            return False
-        store = self.store
-        h = store.header(session_id)
-        if h.status != Status.ACTIVE:
-            return True
-        if store.lease_holder(session_id):
-            return False
-        if h.state in (State.READY, State.TOOLS):
-            return h.drive != "auto"
-        pending = store.pending_calls(session_id)
-        if not pending:
-            # Its last call finished after the header was read: the session has moved on (in auto
-            # drive a step follows), so look again at the next event or tick.
-            return False
-        return all(c.disposition == "defer" for c in pending)
-
-    def _wait(
-        self,
-        session_id: str,
-        after: str,
-        timeout: float | None,
-        on_event: EventHook | None,
-        done: Callable[[dict[str, Any] | None], bool],
-    ) -> None:
-        store = self.store
-        deadline = None if timeout is None else time.monotonic() + timeout
-        if done(None):
-            self._replay(session_id, after, on_event)
-            return
-        while True:
-            block = 1000
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise WaitTimeout(
-                        f"no outcome for session {session_id} within {timeout:g} s; the work goes on "
-                        f"(see `agents session show {session_id}`)",
-                        session_id=session_id,
-                    )
-                block = max(1, min(block, int(left * 1000)))
-            events = store.read_events(session_id, after, block_ms=block)
-            for e in events:
-                after = e["id"]
-                if on_event is not None:
-                    on_event(e)
-                if done(e):
-                    return
-            if not events and done(None):
-                return
 
 
 def check_prompt(query: UserQuery, max_bytes: int) -> None:
@@ -495,17 +331,3 @@ def check_prompt(query: UserQuery, max_bytes: int) -> None:
 
 _WHOLE_ID = re.compile(r"^[0-9a-f]{32}$")
 _FINISHED = FINISHED_STATES
-_FINAL_EVENTS = frozenset({"completed", "failed", "cancelled"})
-
-
-def _step_done(event: dict[str, Any] | None, version: int, request: str) -> bool:
-    if event is None:
-        return False
-    kind = event["type"]
-    if kind == "step_committed" and event.get("from_version") == version:
-        return True
-    if event.get("request") == request and kind in ("step_noop", "step_committed"):
-        return True
-    if event.get("request") == request and kind == "step_skipped" and event.get("reason") != "busy":
-        return True
-    return kind in ("failed", "cancelled")

@@ -101,6 +101,9 @@ class Settings:
     #: OpenTelemetry traces: on when OTEL_EXPORTER_OTLP_ENDPOINT is set or AGENTS_TRACING=1
     #: (AGENTS_TRACING=0 turns them off); the exporter reads the OTEL_* variables itself
     tracing: bool = False
+    #: AGENTS_API_TOKEN: `agents serve` asks every request for it (`Authorization: Bearer`); unset,
+    #: it serves loopback addresses only. Never stored, never printed.
+    api_token: str | None = field(default=None, repr=False)
 
     @property
     def embedded(self) -> bool:
@@ -132,5 +135,6 @@ class Settings:
             metrics_dir=Path(env["AGENTS_METRICS_DIR"]) if env.get("AGENTS_METRICS_DIR") else None,
             log_format=_log_format(env.get("AGENTS_LOG_FORMAT")),
             tracing=_tracing(env),
+            api_token=env.get("AGENTS_API_TOKEN") or None,
         )
         return replace(s, **overrides) if overrides else s  # type: ignore[arg-type]

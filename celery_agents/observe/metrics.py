@@ -17,6 +17,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from celery_agents.store.gauges import Backlog
+
 log = logging.getLogger("celery_agents.metrics")
 
 #: prometheus-client's own variable: set before it is imported, it selects multiprocess mode
@@ -54,13 +56,40 @@ def bounded(name: str, known: Callable[[str], bool], limit: int = 64) -> str:
     return name[:limit] if known(name) else "_other"
 
 
-BacklogReader = Callable[[], Any]
+def backlog_families(b: Backlog) -> list[Any]:
+    """The gauges of what waits in Redis: one definition for every `/metrics` (worker and serve)."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    calls = GaugeMetricFamily(
+        "agents_pending_calls",
+        "Unfinished tool calls: defer (waiting for a completion), dispatched (runAsync/runIsolated "
+        "published), other (ready or running in a step).",
+        labels=["disposition"],
+    )
+    calls.add_metric(["defer"], b.deferred_calls)
+    calls.add_metric(["dispatched"], b.dispatched_calls)
+    calls.add_metric(["other"], max(0, b.pending_calls - b.deferred_calls - b.dispatched_calls))
+    return [
+        calls,
+        GaugeMetricFamily(
+            "agents_oldest_pending_call_seconds", "Age of the oldest unfinished call.", value=b.oldest_pending_seconds
+        ),
+        GaugeMetricFamily("agents_owed_steps", "Sessions owed a step (the outbox).", value=b.owed_steps),
+        GaugeMetricFamily(
+            "agents_completions_waiting", "Completions stream entries not applied yet.", value=b.completions_waiting
+        ),
+        GaugeMetricFamily(
+            "agents_completions_lag_seconds",
+            "Age of the oldest completions stream entry not applied yet.",
+            value=b.completions_lag_seconds,
+        ),
+    ]
 
 
 class WaitingCollector:
-    """Gauges of what waits, read from Redis when Prometheus scrapes."""
+    """Gauges of what waits, read from Redis and the broker when Prometheus scrapes."""
 
-    def __init__(self, backlog: BacklogReader, queue_depths: Callable[[], dict[str, int | None]]) -> None:
+    def __init__(self, backlog: Callable[[], Backlog], queue_depths: Callable[[], dict[str, int | None]]) -> None:
         self.backlog, self.queue_depths = backlog, queue_depths
 
     def describe(self) -> list[Any]:
@@ -72,7 +101,7 @@ class WaitingCollector:
         try:
             b = self.backlog()
             depths = self.queue_depths()
-        except Exception as exc:  # Redis away: the counters still serve; `agents_up` says why not these
+        except Exception as exc:  # Redis away: the counters still serve; `agents_redis_up` says why not these
             log.warning("cannot read the backlog for /metrics: %s", exc)
             yield GaugeMetricFamily("agents_redis_up", "1 when the last scrape could read Redis.", value=0)
             return
@@ -82,28 +111,7 @@ class WaitingCollector:
             if depth is not None:
                 queue.add_metric([name], depth)
         yield queue
-        calls = GaugeMetricFamily(
-            "agents_pending_calls",
-            "Unfinished tool calls: defer (waiting for a completion), dispatched (runAsync/runIsolated "
-            "published), other (ready or running in a step).",
-            labels=["disposition"],
-        )
-        calls.add_metric(["defer"], b.deferred_calls)
-        calls.add_metric(["dispatched"], b.dispatched_calls)
-        calls.add_metric(["other"], max(0, b.pending_calls - b.deferred_calls - b.dispatched_calls))
-        yield calls
-        yield GaugeMetricFamily(
-            "agents_oldest_pending_call_seconds", "Age of the oldest unfinished call.", value=b.oldest_pending_seconds
-        )
-        yield GaugeMetricFamily("agents_owed_steps", "Sessions owed a step (the outbox).", value=b.owed_steps)
-        yield GaugeMetricFamily(
-            "agents_completions_waiting", "Completions stream entries not applied yet.", value=b.completions_waiting
-        )
-        yield GaugeMetricFamily(
-            "agents_completions_lag_seconds",
-            "Age of the oldest completions stream entry not applied yet.",
-            value=b.completions_lag_seconds,
-        )
+        yield from backlog_families(b)
 
 
 class MetricsServer:

@@ -8,10 +8,9 @@ from pathlib import Path
 
 from celery_agents.config import Settings
 from celery_agents.observe.metrics import MetricsServer, WaitingCollector
-from celery_agents.store import Store, client_for_url
+from celery_agents.store import Store, client_for_url, state_url
 from celery_agents.store.gauges import Backlog, read_backlog
 from celery_agents.tasks.config import QUEUES
-from celery_agents.tasks.context import state_url
 from celery_agents.tasks.queues import QueueProbe
 
 

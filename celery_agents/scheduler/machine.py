@@ -22,6 +22,7 @@ from celery_agents.model import (
     AgentSpec,
     CallState,
     ErrorInfo,
+    EventType,
     LlmTurn,
     Media,
     SessionHeader,
@@ -32,6 +33,7 @@ from celery_agents.model import (
     TrackedCall,
     Usage,
     UserTurn,
+    arguments_not_an_object,
 )
 from celery_agents.scheduler.messages import build_messages
 from celery_agents.scheduler.policy import disposition_for
@@ -50,7 +52,7 @@ class Snapshot:
 
 @dataclass
 class Event:
-    type: str
+    type: EventType
     data: dict[str, Any] = field(default_factory=dict)
 
 
@@ -139,7 +141,7 @@ def _fail(
         state=State.FAILED,
         status=Status.FAILED,
         error=error,
-        events=[Event("failed", {"code": error.code, "message": error.message})],
+        events=[Event(EventType.FAILED, {"code": error.code, "message": error.message})],
     )
 
 
@@ -172,7 +174,7 @@ def _call_model(snap: Snapshot, ports: Ports, folded: UserTurn | None) -> Transi
         return _fail("llm", ErrorInfo(code=exc.code, message=exc.message, transient=exc.transient), head_before, prefix)
     turn = _normalise_call_ids(turn, ports)
     event = Event(
-        "llm_called",
+        EventType.LLM_CALLED,
         {
             "model": turn.model,
             "tool_calls": len(turn.tool_calls),
@@ -188,7 +190,7 @@ def _call_model(snap: Snapshot, ports: Ports, folded: UserTurn | None) -> Transi
             status=Status.COMPLETED,
             response=turn.text or "",
             usage=turn.usage,
-            events=[event, Event("completed", {})],
+            events=[event, Event(EventType.COMPLETED, {})],
         )
     return Transition(
         kind="llm", new_turns=[*prefix, turn], head="LlmTurn", state=State.TOOLS, usage=turn.usage, events=[event]
@@ -218,7 +220,7 @@ def _normalise_call_ids(turn: LlmTurn, ports: Ports) -> LlmTurn:
     return turn.model_copy(update={"tool_calls": fixed}) if changed else turn
 
 
-def _parse_arguments(raw: str) -> tuple[Any, str | None]:
+def _parse_arguments(tool: str, raw: str) -> tuple[Any, str | None]:
     if not raw.strip():
         return {}, None
     try:
@@ -226,7 +228,7 @@ def _parse_arguments(raw: str) -> tuple[Any, str | None]:
     except json.JSONDecodeError as exc:
         return raw, f"the arguments are not valid JSON ({exc.msg} at character {exc.pos}); send a JSON object"
     if not isinstance(value, dict):
-        return value, "the arguments must be a JSON object"
+        return value, arguments_not_an_object(tool)
     return value, None
 
 
@@ -238,7 +240,7 @@ def _run_tools(snap: Snapshot, turn: LlmTurn, ports: Ports) -> Transition:
     events: list[Event] = []
     for position, tc in enumerate(turn.tool_calls):
         disp = disposition_for(agent, tc.name)
-        args, arg_error = _parse_arguments(tc.arguments)
+        args, arg_error = _parse_arguments(tc.name, tc.arguments)
         call = TrackedCall(
             call_id=tc.id,
             tool=tc.name,
@@ -254,14 +256,7 @@ def _run_tools(snap: Snapshot, turn: LlmTurn, ports: Ports) -> Transition:
         if position >= agent.max_tool_calls_per_turn:
             call = _finish(call, CallOutcome(state="failed", attempts=0, error=_too_many(turn, agent)), now)
         elif tool is None:
-            names = ", ".join(t.name for t in agent.tools) or "none"
-            call = _finish(
-                call,
-                CallOutcome(
-                    state="failed", attempts=0, error=f"there is no tool named {tc.name!r}; the tools are: {names}"
-                ),
-                now,
-            )
+            call = _finish(call, CallOutcome(state="failed", attempts=0, error=agent.no_tool_named(tc.name)), now)
         elif arg_error is not None:
             call = _finish(call, CallOutcome(state="failed", attempts=0, error=arg_error), now)
         elif disp.tag == "defer":
@@ -274,12 +269,14 @@ def _run_tools(snap: Snapshot, turn: LlmTurn, ports: Ports) -> Transition:
                 }
             )
             events.append(
-                Event("token_created", {"call_id": call.call_id, "tool": call.tool, "reason": call.reason or ""})
+                Event(
+                    EventType.TOKEN_CREATED, {"call_id": call.call_id, "tool": call.tool, "reason": call.reason or ""}
+                )
             )
         elif disp.tag in ("runAsync", "runIsolated"):
             call = call.model_copy(update={"state": CallState.RUNNING})
             events.append(
-                Event("tool_dispatched", {"call_id": call.call_id, "tool": call.tool, "disposition": disp.tag})
+                Event(EventType.TOOL_DISPATCHED, {"call_id": call.call_id, "tool": call.tool, "disposition": disp.tag})
             )
         calls.append(call)
     # runSync calls run inline, in the model's call order.
@@ -290,7 +287,7 @@ def _run_tools(snap: Snapshot, turn: LlmTurn, ports: Ports) -> Transition:
             calls[i] = _finish(call.model_copy(update={"started_at": started}), outcome, ports.clock.now())
             events.append(
                 Event(
-                    "tool_finished",
+                    EventType.TOOL_FINISHED,
                     {
                         "call_id": call.call_id,
                         "tool": call.tool,
@@ -323,11 +320,8 @@ def _too_many(turn: LlmTurn, agent: AgentSpec) -> str:
 
 
 def _finish(call: TrackedCall, outcome: CallOutcome, now: float) -> TrackedCall:
-    state = CallState.COMPLETED if outcome.state == "completed" else CallState.FAILED
-    meta = dict(call.meta)
-    meta.update(outcome.meta)
-    if outcome.media:
-        meta["media"] = [m.model_dump() for m in outcome.media]
+    state = outcome.call_state
+    meta = {**call.meta, **outcome.stored_meta()}
     return call.model_copy(
         update={
             "state": state,

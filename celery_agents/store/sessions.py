@@ -6,22 +6,13 @@ import json
 import time
 from typing import cast
 
-from celery_agents.errors import (
-    InvalidInput,
-    SessionNotAdvanceable,
-    UnknownSession,
-)
-from celery_agents.model import (
-    AgentSpec,
-    CallState,
-    SessionHeader,
-    UserQuery,
-    UserTurn,
-)
+from celery_agents.errors import InvalidInput, SessionNotAdvanceable, UnknownSession
+from celery_agents.model import AgentSpec, CallState, SessionHeader, UserQuery, UserTurn
 from celery_agents.store.codec import outcome_json, turn_digest
 from celery_agents.store.core import StoreCore
 from celery_agents.store.header import header_from_hash, header_to_hash
 from celery_agents.store.ids import SESSION_ID, check_session_id, new_session_id, parse_token
+from celery_agents.store.keys import STORED_STATES
 from celery_agents.store.signing import sign_spec
 
 
@@ -224,3 +215,21 @@ class SessionStore(StoreCore):
         for sid in ids:
             pipe.hgetall(self.keys.meta(sid))
         return [header_from_hash(d) for d in pipe.execute() if d]
+
+    def headers(self, session_ids: list[str]) -> dict[str, SessionHeader]:
+        """The headers of the sessions named that still exist, in one pipelined round trip."""
+        pipe = self.client.pipeline(transaction=False)
+        for sid in session_ids:
+            pipe.hgetall(self.keys.meta(sid))
+        return {sid: header_from_hash(d) for sid, d in zip(session_ids, pipe.execute(), strict=True) if d}
+
+    def state_counts(self) -> dict[str, int]:
+        """Sessions per stored state, from the state indexes (one round trip, never a scan)."""
+        pipe = self.client.pipeline(transaction=False)
+        for state in STORED_STATES:
+            pipe.zcard(self.keys.state_index(state))
+        return {state: int(n) for state, n in zip(STORED_STATES, pipe.execute(), strict=True)}
+
+    def pending_count(self) -> int:
+        """Unfinished calls of every session (the size of the pending index)."""
+        return int(self.client.zcard(self.keys.pending_all))
