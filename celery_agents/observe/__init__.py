@@ -38,7 +38,7 @@ def setup(settings: Settings) -> None:
         from celery_agents.observe.metrics import open_series
 
         _series = open_series(settings.metrics_dir)
-    if settings.tracing and _tracing is None:
+    if settings.tracing_on and _tracing is None:
         from celery_agents.observe.tracing import Tracing
 
         _tracing = Tracing()

@@ -100,14 +100,14 @@ def configure_root(json_lines: bool, level: str = "INFO") -> None:
 TaskFields = Callable[[str, Sequence[Any]], dict[str, Any]]
 
 
-def connect_celery(json_lines: bool, task_fields: TaskFields) -> None:
+def connect_celery(json_lines: Callable[[], bool], task_fields: TaskFields) -> None:
     """Celery sets up a worker's loggers itself: apply ours once it has. Each task's lines, Celery's
     own included ("succeeded in..."), name what `task_fields(task name, args)` says it is about."""
     from celery.signals import after_setup_logger, after_setup_task_logger, task_postrun, task_prerun
 
     def apply(logger: logging.Logger | None = None, **_: Any) -> None:
         targets = list(logger.handlers) if logger is not None else []
-        configure(targets + list(logging.getLogger().handlers), json_lines)
+        configure(targets + list(logging.getLogger().handlers), json_lines())
 
     resets: dict[str, Token[dict[str, Any] | None]] = {}
 

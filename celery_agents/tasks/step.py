@@ -7,7 +7,7 @@ from typing import Any
 from celery_agents import observe
 from celery_agents.runtime import StepResult, run_step
 from celery_agents.runtime.faults import checkpoint
-from celery_agents.tasks.celery_app import app, settings
+from celery_agents.tasks.celery_app import app, worker_settings
 from celery_agents.tasks.config import STEP_TASK, Dispatcher
 from celery_agents.tasks.context import execution_owner, worker_context
 from celery_agents.tasks.recycle import leave_if_outrun
@@ -27,11 +27,9 @@ def publish_after_step(dispatcher: Dispatcher, session_id: str, result: StepResu
     name=STEP_TASK,
     bind=True,
     ignore_result=True,
-    soft_time_limit=settings.step_time_limit * 0.9,
-    time_limit=settings.step_time_limit,
 )
 def step(self: Any, session_id: str, expected_version: int, request: str = "") -> str:
-    ctx = worker_context(settings)
+    ctx = worker_context(worker_settings())
     owner = execution_owner(self.request)
     with observe.step(self.request, session_id, int(expected_version)) as watch:
         result = run_step(

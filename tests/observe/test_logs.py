@@ -53,15 +53,18 @@ def test_an_exception_stays_inside_its_line(lines: io.StringIO) -> None:
 
 def test_an_unknown_log_format_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AGENTS_LOG_FORMAT", "xml")
-    with pytest.raises(ValueError, match="AGENTS_LOG_FORMAT"):
+    with pytest.raises(ValueError, match="AGENTS_LOG_FORMAT='xml'"):
         Settings.from_env()
 
 
 def test_tracing_is_on_with_an_otlp_endpoint_unless_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("AGENTS_TRACING", raising=False)
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
-    assert not Settings.from_env().tracing
+    assert not Settings.from_env().tracing_on
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
-    assert Settings.from_env().tracing
-    monkeypatch.setenv("AGENTS_TRACING", "0")
-    assert not Settings.from_env().tracing
+    assert Settings.from_env().tracing_on
+    monkeypatch.setenv("AGENTS_TRACING", "off")
+    assert not Settings.from_env().tracing_on
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT")
+    monkeypatch.setenv("AGENTS_TRACING", "1")
+    assert Settings.from_env().tracing_on
