@@ -141,7 +141,10 @@ def test_metrics_count_sessions_by_state_from_the_indexes(api: httpx.Client, llm
     before = waiting()
     blocked(api, one_approval(llm_server))
     assert waiting() == before + 1
-    assert "agents_pending_calls " in api.get("/metrics").text
+    (deferred,) = [
+        x for x in api.get("/metrics").text.splitlines() if x.startswith('agents_pending_calls{disposition="defer"}')
+    ]
+    assert float(deferred.split()[-1]) >= 1
 
 
 def test_a_message_continues_a_completed_session(api: httpx.Client, llm_server: LlmServer) -> None:
