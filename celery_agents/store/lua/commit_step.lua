@@ -66,6 +66,14 @@ if c.batch >= 0 then
 end
 -- The new state, its index and the updated time (`set_state`, with the old state read above).
 for _, v in ipairs({'updated_at', NOW, 'state', c.state}) do fields[#fields + 1] = v end
+-- The drive is read now, not when the step began: a pause during the step must hold.
+local owed = 0
+if c.owe and m[6] == 'auto' then
+  -- `owe` in this same write: `picked` (the old version) already differs from the new one.
+  owed = 1
+  fields[#fields + 1] = 'owed_version'
+  fields[#fields + 1] = version
+end
 redis.call('HSET', K.meta, unpack(fields))
 local old = m[5]
 if old and old ~= c.state and STATE_KEYS[old] then redis.call('ZREM', STATE_KEYS[old], SID) end
@@ -75,11 +83,8 @@ for _, e in ipairs(c.events) do emit(e[1], e[2]) end
 emit('step_committed', cjson.encode({from_version = tonumber(c.version), request = c.request,
   kind = c.kind, head = c.meta.head, state = c.state}))
 redis.call('DEL', K.journal, K.lease)
--- The drive is read now, not when the step began: a pause during the step must hold.
-local owed = 0
-if c.owe and m[6] == 'auto' then
-  owe()
-  owed = 1
+if owed == 1 then
+  redis.call('ZADD', K.owed, NOW_MS, SID)
 elseif m[7] then
   -- `owe` sets `owed_version` with the index entry, `unowe` removes both: without it, nothing to undo.
   unowe()
