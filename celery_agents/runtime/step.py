@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import redis
 
+from celery_agents import observe
 from celery_agents.errors import RedisUnavailable, UntrustedSpec
 from celery_agents.model import ErrorInfo, ScriptOutcome, SessionHeader, State, StepOutcome, TrackedCall
 from celery_agents.runtime.lease import LeaseKeeper
@@ -101,7 +102,9 @@ def _decide(
             ids=ids or SecureIds(),
         )
         snap = Snapshot(header=header, agent=agent, turns=loaded.turns, calls=loaded.calls)
-        return advance(snap, ports), journaled_llm.reused
+        t = advance(snap, ports)
+        t.calls = observe.stamp_deferred(t.calls)
+        return t, journaled_llm.reused
 
 
 def _failed(store: Store, session_id: str, version: int, owner: str, exc: Exception) -> StepResult:
