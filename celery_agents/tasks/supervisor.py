@@ -205,9 +205,9 @@ class Supervisor:
         the environment its Celery workers inherit; None without `--metrics-port`."""
         if self.plan.metrics_port is None:
             return None
-        from celery_agents.observe.metrics import prepare_dir
+        from celery_agents.observe.metrics import prepare_dir, worker_folder
 
-        path = home / "metrics" / self.plan.name.replace("/", "_")
+        path = worker_folder(home / "metrics", self.plan.name)
         prepare_dir(path)
         return path
 
