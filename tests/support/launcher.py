@@ -2,18 +2,19 @@
 interpreter each: a worker costs a fork, not seconds of imports (litellm alone is ~5 s of CPU).
 
 The launcher is one process per test run (started on first use, `python -m tests.support.launcher`)
-that imports the third-party libraries a worker needs (litellm, Celery, kombu, redis, pydantic...)
-and nothing of celery_agents: some of its modules read the environment when imported, and each
-worker gets its own. For each request it forks; the child starts a session of its own, sets its
-environment, sends stdout and stderr to the log, and runs `python -m celery_agents.cli.main`'s
-code with the worker's argv: the very `agents worker` code, forking its Celery workers from its own
-zygote in turn (tasks/supervisor.py).
+that imports the third-party modules a worker imports (litellm, Celery, kombu, redis, pydantic...,
+found by a probe: `_preload`) and nothing of celery_agents: some of its modules read the
+environment when imported, and each worker gets its own. For each request it forks; the child
+starts a session of its own, sets its environment, sends stdout and stderr to the log, and runs
+`python -m celery_agents.cli.main`'s code with the worker's argv: the very `agents worker` code,
+forking its Celery workers from its own zygote in turn (tasks/supervisor.py).
 
 A process's /proc/<pid>/environ shows the environment it was exec'd with, not the one set after a
 fork: a test that looks for a secret there execs its worker (`Worker(..., fork=False)`). A worker
 whose environment differs from the launcher's in more than `AGENTS_*` and `FORKABLE` (a library
-setting read at import) is exec'd as before (`can_fork`). Protocol on the launcher's stdin/stdout: a JSON request
-`{"argv", "env", "log"}` per line; replies `pid N` (in order), and `exit N CODE` when one ends.
+setting read at import) is exec'd as before (`can_fork`). Protocol on the launcher's stdin and
+stdout: a JSON request `{"argv", "env", "log"}` per line; replies `pid N` (in order), and
+`exit N CODE` when one ends.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import gc
+import importlib
 import json
 import os
 import runpy
@@ -113,8 +115,8 @@ class Launcher:
             assert self.proc.stdin is not None
             self.proc.stdin.write(request.encode())
             self.proc.stdin.flush()
-            if not self.changed.wait_for(lambda: self._pids or self.proc.poll() is not None, 60):
-                raise RuntimeError("the launcher did not answer within 60 s")
+            if not self.changed.wait_for(lambda: self._pids or self.proc.poll() is not None, 300):
+                raise RuntimeError("the launcher did not answer within 300 s (its first answer waits for its imports)")
             if not self._pids:
                 raise RuntimeError(f"the launcher exited with {self.proc.returncode}")
             return LaunchedProcess(self, self._pids.pop(0), argv)
@@ -161,21 +163,47 @@ def launcher() -> Launcher:
 
 
 def _preload() -> None:
-    """What an `agents worker` imports from other projects (none of it reads AGENTS_*)."""
+    """What an `agents worker` imports from other projects, imported here once: a probe child (then
+    thrown away) starts a worker's imports and warms litellm up as a steps process does, and lists
+    the modules that are not celery_agents' (those read AGENTS_* when imported: each worker
+    imports them afresh, in a fraction of a second)."""
     os.environ.setdefault("LITELLM_LOG", "ERROR")  # as celery_agents.llm.adapter.ensure_litellm
-    import celery.apps.worker
-    import celery.concurrency.prefork
-    import celery.concurrency.thread
-    import httpx
-    import kombu.transport.redis
-    import litellm
-    import pydantic
-    import redis
-    import typer
-
-    del celery, httpx, kombu, litellm, pydantic, redis, typer
+    for name in _probe():
+        with contextlib.suppress(Exception):
+            importlib.import_module(name)
     gc.collect()
     gc.freeze()  # a worker's collections leave these pages shared (as in tasks/supervisor.py)
+
+
+def _probe() -> list[str]:
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(read)
+            import celery.apps.worker
+            import celery.concurrency.prefork
+            import celery.concurrency.thread
+
+            import celery_agents.cli.main
+            import celery_agents.tasks.celery_app
+            import celery_agents.tasks.supervisor
+            from celery_agents.llm.adapter import warm_up
+            from celery_agents.model import build_schemas
+
+            del celery, celery_agents
+            warm_up()
+            build_schemas()
+            names = [m for m in sys.modules if m.split(".")[0] not in ("celery_agents", "tests", "__main__")]
+            with os.fdopen(write, "w") as out:
+                json.dump(names, out)
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as found:
+        text = found.read()
+    os.waitpid(pid, 0)
+    return list(json.loads(text)) if text else []
 
 
 def _serve() -> None:
