@@ -23,11 +23,14 @@ import atexit
 import contextlib
 import gc
 import importlib
+import io
 import json
+import locale
 import os
 import runpy
 import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -37,8 +40,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULE = "celery_agents.cli.main"
-#: keys outside AGENTS_* a forked worker may have: read when a model is called, not at import
-FORKABLE = frozenset({"OPENAI_API_KEY"})
+#: keys outside AGENTS_* a forked process may have: read when used, not at import
+FORKABLE = frozenset({"OPENAI_API_KEY", "COLUMNS"})
 
 
 def base_env() -> dict[str, str]:
@@ -86,13 +89,17 @@ class Launcher:
 
     def __init__(self) -> None:
         self.env = base_env()
+        # The stdio of an `agents` command goes to the launcher over this socket (SCM_RIGHTS).
+        self._fds, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.launcher"],
+            [sys.executable, "-m", "tests.support.launcher", str(theirs.fileno())],
             cwd=ROOT,
             env=self.env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
+            pass_fds=(theirs.fileno(),),
         )
+        theirs.close()
         self.exited: dict[int, int] = {}
         self.changed = threading.Condition()
         self._pids: list[int] = []
@@ -109,11 +116,23 @@ class Launcher:
 
         return fixed(env) == fixed(self.env) and self.proc.poll() is None
 
-    def spawn(self, argv: list[str], env: Mapping[str, str], log: Path | None) -> LaunchedProcess:
-        request = json.dumps({"argv": argv, "env": dict(env), "log": str(log) if log else None}) + "\n"
+    def spawn(
+        self,
+        argv: list[str],
+        env: Mapping[str, str],
+        log: Path | None = None,
+        stdio: tuple[int, int, int] | None = None,
+        cwd: Path | None = None,
+    ) -> LaunchedProcess:
+        """Fork `argv`: a worker in a session of its own writing to `log`, or (`stdio`) a command
+        in the test run's process group with these stdin, stdout and stderr."""
+        request = {"argv": argv, "env": dict(env), "log": str(log) if log else None, "cwd": str(cwd or "")}
+        request["stdio"] = stdio is not None
         with self._lock, self.changed:
             assert self.proc.stdin is not None
-            self.proc.stdin.write(request.encode())
+            if stdio is not None:
+                socket.send_fds(self._fds, [b"."], list(stdio))
+            self.proc.stdin.write((json.dumps(request) + "\n").encode())
             self.proc.stdin.flush()
             if not self.changed.wait_for(lambda: self._pids or self.proc.poll() is not None, 300):
                 raise RuntimeError("the launcher did not answer within 300 s (its first answer waits for its imports)")
@@ -143,6 +162,43 @@ class Launcher:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+def run(
+    argv: list[str], env: Mapping[str, str], stdin: str | None, timeout: float, cwd: Path | None = None
+) -> tuple[int, str, str]:
+    """`subprocess.run(argv, env, input=stdin, capture_output=True, text=True, timeout, cwd)` for a
+    command the launcher may fork (`launcher().can_fork`): returncode, stdout, stderr."""
+    pipes = [os.pipe() for _ in range(3)]
+    proc = launcher().spawn(argv, env, stdio=(pipes[0][0], pipes[1][1], pipes[2][1]), cwd=cwd)
+    for fd in (pipes[0][0], pipes[1][1], pipes[2][1]):
+        os.close(fd)
+    out: dict[int, bytes] = {}
+
+    def feed() -> None:
+        with contextlib.suppress(BrokenPipeError), os.fdopen(pipes[0][1], "wb") as w:
+            w.write((stdin or "").encode())
+
+    def drain(i: int) -> None:
+        with os.fdopen(pipes[i][0], "rb") as r:
+            out[i] = r.read()
+
+    threads = [threading.Thread(target=feed, daemon=True)]
+    threads += [threading.Thread(target=drain, args=(i,), daemon=True) for i in (1, 2)]
+    for t in threads:
+        t.start()
+    try:
+        code = proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    for t in threads:
+        t.join(timeout)
+
+    def text(data: bytes) -> str:  # as `text=True` reads it: the locale's encoding, newlines translated
+        return io.TextIOWrapper(io.BytesIO(data), encoding=locale.getpreferredencoding(False)).read()
+
+    return code, text(out.get(1, b"")), text(out.get(2, b""))
 
 
 _launcher: Launcher | None = None
@@ -206,7 +262,7 @@ def _probe() -> list[str]:
     return list(json.loads(text)) if text else []
 
 
-def _serve() -> None:
+def _serve(fds: socket.socket) -> None:
     _preload()
     requests, replies = sys.stdin.fileno(), sys.stdout.fileno()
     wake_r, wake_w = os.pipe()
@@ -229,9 +285,12 @@ def _serve() -> None:
         *lines, buf = buf.split(b"\n")
         for line in lines:
             request = json.loads(line)
+            stdio = socket.recv_fds(fds, 1, 3)[1] if request["stdio"] else []
             pid = os.fork()
             if pid == 0:
-                _worker(request, (requests, replies, wake_r, wake_w))
+                _child(request, stdio, (requests, replies, wake_r, wake_w, fds.fileno()))
+            for fd in stdio:
+                os.close(fd)
             children.add(pid)
             os.write(replies, f"pid {pid}\n".encode())
 
@@ -248,23 +307,28 @@ def _reap(children: set[int], replies: int) -> None:
         os.write(replies, f"exit {pid} {os.waitstatus_to_exitcode(status)}\n".encode())
 
 
-def _worker(request: dict[str, Any], launcher_fds: tuple[int, ...]) -> None:
-    """In the forked child: become the worker process `Popen(argv, env, start_new_session)` makes."""
+def _child(request: dict[str, Any], stdio: list[int], launcher_fds: tuple[int, ...]) -> None:
+    """In the forked child: become the process `Popen(argv, env, ...)` makes. A worker (no
+    `stdio`) starts a session of its own and writes to its log; a command gets the caller's pipes."""
     code: int | str | None = 1
     try:
-        os.setsid()
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        out = os.open(request["log"] or os.devnull, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(out, 1)
-        os.dup2(out, 2)
-        for fd in (out, null, *launcher_fds):
+        if stdio:
+            std = stdio
+        else:
+            os.setsid()
+            out = os.open(request["log"] or os.devnull, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            std = [os.open(os.devnull, os.O_RDONLY), out, out]
+        for target, fd in enumerate(std):
+            os.dup2(fd, target)
+        for fd in {*std, *launcher_fds}:
             if fd > 2:
                 os.close(fd)
         os.environ.clear()
         os.environ.update(request["env"])
+        if request["cwd"]:
+            os.chdir(request["cwd"])
         sys.argv = [MODULE, *request["argv"][3:]]
         runpy.run_module(MODULE, run_name="__main__", alter_sys=True)
         code = 0
@@ -294,4 +358,4 @@ def _exit(code: int | str | None) -> None:
 
 
 if __name__ == "__main__":
-    _serve()
+    _serve(socket.socket(fileno=int(sys.argv[1])))
