@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 from celery_agents.model import LlmTurn, ScriptOutcome, SessionHeader, TrackedCall, UserTurn
+from celery_agents.model.recovery import Recovery
 
 
 class LeaseLost(Exception):
@@ -69,8 +69,9 @@ class Transcript:
     version: int
 
 
-#: what the sweeper does with an outbox entry or a dispatched call (store/lua/sweep_*.lua)
-SweepVerdict = Literal["settled", "running", "waiting", "republish"]
+#: what the sweeper does with an outbox entry or a dispatched call (store/lua/sweep_*.lua): the
+#: verdicts of `model.recovery.recovery_decision`, the one rule the scripts apply
+SweepVerdict = Recovery
 
 
 @dataclass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from celery_agents import observe
 from celery_agents.runtime import StepResult, run_step
 from celery_agents.runtime.faults import checkpoint
 from celery_agents.tasks.celery_app import app, worker_settings
@@ -30,11 +31,19 @@ def publish_after_step(dispatcher: Dispatcher, session_id: str, result: StepResu
 def step(self: Any, session_id: str, expected_version: int, request: str = "") -> str:
     ctx = worker_context(worker_settings())
     owner = execution_owner(self.request)
-    result = run_step(
-        ctx.store, session_id, int(expected_version), llm=ctx.llm, tools=ctx.tools, owner=owner, request=request or ""
-    )
-    if result.outcome == "committed":
-        checkpoint("after_commit", ctx.store, session_id)
-    publish_after_step(Dispatcher(app), session_id, result)
+    with observe.step(self.request, session_id, int(expected_version)) as watch:
+        result = run_step(
+            ctx.store,
+            session_id,
+            int(expected_version),
+            llm=ctx.llm,
+            tools=ctx.tools,
+            owner=owner,
+            request=request or "",
+        )
+        watch.outcome = result.outcome
+        if result.outcome == "committed":
+            checkpoint("after_commit", ctx.store, session_id)
+        publish_after_step(Dispatcher(app), session_id, result)
     leave_if_outrun()
     return result.outcome

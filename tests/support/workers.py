@@ -58,6 +58,7 @@ class Worker:
         step_processes: int = 1,
         step_threads: int | None = None,
         fork: bool = True,
+        extra_args: Sequence[str] = (),
     ) -> None:
         """`prefix`: an argv the worker command runs under (tests/support/confinement.py)."""
         self.env = env
@@ -80,6 +81,7 @@ class Worker:
         ]
         if step_threads is not None:
             self.args += ["--step-threads", str(step_threads)]
+        self.args += list(extra_args)
         self.log = log
         self.fork = fork
         self.proc: subprocess.Popen[bytes] | LaunchedProcess | None = None
