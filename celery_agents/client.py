@@ -241,6 +241,32 @@ class Client:
             self._wait(session_id, after, timeout, on_event, lambda e: _step_done(e, version, request))
         return self.view(session_id)
 
+    def send(
+        self,
+        session_id: str,
+        prompt: str | UserQuery,
+        step: bool = False,
+        run: bool = False,
+        *,
+        wait: bool = True,
+        timeout: float | None = None,
+        on_event: EventHook | None = None,
+    ) -> SessionView:
+        """Send a user message: it continues a completed conversation (the session becomes ready),
+        or waits for a waiting or running session's next model call, after the pending tool
+        results. `step` then runs one step, `run` drives the session. A cancelled one refuses."""
+        if step and run:
+            raise InvalidInput("choose --step or --run, not both")
+        session_id = self.resolve(session_id)
+        query = prompt if isinstance(prompt, UserQuery) else UserQuery(text=prompt)
+        check_prompt(query, self.settings.max_prompt_bytes)
+        self.store.send_message(session_id, query)
+        if run:
+            return self.resume(session_id, wait=wait, timeout=timeout, on_event=on_event)
+        if step:
+            return self.step(session_id, wait=wait, timeout=timeout, on_event=on_event)
+        return self.view(session_id)
+
     def resume(
         self, session_id: str, *, wait: bool = True, timeout: float | None = None, on_event: EventHook | None = None
     ) -> SessionView:

@@ -71,6 +71,8 @@ class Settings:
     max_result_bytes: int = ONE_MIB
     #: a prompt larger than this is refused (bytes of its text)
     max_prompt_bytes: int = ONE_MIB
+    #: user messages that may wait for a session's next model call (`session send`)
+    max_queued_messages: int = 100
     #: signs stored agent specs; workers run nothing of a spec that does not verify. Never stored,
     #: never printed (kept out of repr).
     spec_key: str | None = field(default=None, repr=False)

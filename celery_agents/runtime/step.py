@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import redis
 
 from celery_agents.errors import RedisUnavailable, UntrustedSpec
-from celery_agents.model import ErrorInfo, SessionHeader, State, TrackedCall
+from celery_agents.model import ErrorInfo, SessionHeader, State, TrackedCall, UserQuery
 from celery_agents.runtime.lease import LeaseKeeper
 from celery_agents.runtime.ports import Fence, JournaledLlm, JournaledTools, RedisClock, SecureIds
 from celery_agents.scheduler import Ports, Snapshot, Transition, advance
@@ -65,7 +65,8 @@ def run_step(
                 clock=clock or RedisClock(loaded.redis_now),
                 ids=ids or SecureIds(),
             )
-            snap = Snapshot(header=header, agent=agent, turns=loaded.turns, calls=loaded.calls)
+            inbox = _inbox_of_step(store, session_id, loaded, fence)
+            snap = Snapshot(header=header, agent=agent, turns=loaded.turns, calls=loaded.calls, inbox=inbox)
             t = advance(snap, ports)
     except LeaseLost as exc:
         # Frozen or cut off long enough for another worker to take over: that worker owns the
@@ -109,6 +110,18 @@ def run_step(
     )
 
 
+def _inbox_of_step(store: Store, session_id: str, loaded: Loaded, fence: Fence) -> list[UserQuery]:
+    """The queued messages this step delivers: the ones it read, unless an earlier copy of the step
+    journaled fewer (its model call, reused now, saw only those; the later ones wait their turn)."""
+    if not loaded.inbox:
+        return []
+    field = f"inbox:{loaded.header.version}"
+    taken = loaded.journal.get(field)
+    if taken is None:
+        taken = store.journal_put(session_id, field, str(len(loaded.inbox)), fence.owner, fence.version)
+    return loaded.inbox[: int(taken)]
+
+
 def commit_transition(
     store: Store,
     session_id: str,
@@ -136,6 +149,7 @@ def commit_transition(
         usage=t.usage,
         events=[(e.type, e.data) for e in t.events],
         steps_inc=1 if t.counts_as_step else 0,
+        inbox_taken=t.inbox_taken,
         request=request,
         now=now,
     )

@@ -31,6 +31,7 @@ from celery_agents.model import (
     ToolResponse,
     TrackedCall,
     Usage,
+    UserQuery,
     UserTurn,
 )
 from celery_agents.scheduler.messages import build_messages
@@ -46,6 +47,8 @@ class Snapshot:
     agent: AgentSpec
     turns: list[UserTurn | LlmTurn]
     calls: list[TrackedCall] = field(default_factory=list)
+    #: user messages sent meanwhile, oldest first: the next model call delivers them
+    inbox: list[UserQuery] = field(default_factory=list)
 
 
 @dataclass
@@ -74,6 +77,8 @@ class Transition:
     events: list[Event] = field(default_factory=list)
     #: the step counts against the session's step limit
     counts_as_step: bool = True
+    #: how many of the oldest queued user messages this step delivered (its commit removes them)
+    inbox_taken: int = 0
 
     @property
     def unfinished(self) -> list[TrackedCall]:
@@ -89,6 +94,8 @@ def advance(snap: Snapshot, ports: Ports) -> Transition:
         last = snap.turns[-1]
         assert isinstance(last, LlmTurn), "head LlmTurn but the newest stored turn is not one"
         if not last.tool_calls:
+            if snap.inbox:  # a follow-up message continues the conversation
+                return _call_model(snap, ports, folded=None)
             return Transition(
                 kind="noop",
                 commit=False,
@@ -144,9 +151,18 @@ def _fail(
 
 
 def _call_model(snap: Snapshot, ports: Ports, folded: UserTurn | None) -> Transition:
+    """Call the model on the transcript plus `folded` (the answers to the last batch of calls) and
+    the queued user messages, which follow the answers, each its own user turn, in the order sent."""
+    t = _call_model_on(snap, ports, folded)
+    t.inbox_taken = len(snap.inbox)
+    return t
+
+
+def _call_model_on(snap: Snapshot, ports: Ports, folded: UserTurn | None) -> Transition:
     h = snap.header
     prefix: list[UserTurn | LlmTurn] = [folded] if folded is not None else []
-    head_before = "UserTurn" if folded is not None else h.head
+    prefix += [UserTurn(query=q, at=ports.clock.now()) for q in snap.inbox]
+    head_before = "UserTurn" if prefix else h.head
     if h.steps >= h.step_limit:
         err = ErrorInfo(
             code="max_steps",

@@ -6,7 +6,7 @@ Scripts receive their keys in `KEYS` in the fixed order of `session_keys` + `glo
 
 from __future__ import annotations
 
-SESSION_KEY_NAMES = ("meta", "turns", "calls", "results", "pending", "journal", "events", "lease")
+SESSION_KEY_NAMES = ("meta", "turns", "calls", "results", "pending", "journal", "events", "lease", "inbox", "children")
 STORED_STATES = ("ready", "tools", "waiting", "completed", "failed", "cancelled")
 #: the states of a session that no longer runs: the ones `delete` and `purge` take
 FINISHED_STATES = ("completed", "failed", "cancelled")
@@ -61,6 +61,15 @@ class Keys:
     def lease(self, sid: str) -> str:
         """String: the worker running a step of the session, with a time to live."""
         return self.session(sid, "lease")
+
+    def inbox(self, sid: str) -> str:
+        """List: user messages sent while the session could not take them (`session send`), oldest
+        first; the step that next calls the model delivers them and removes them in its commit."""
+        return self.session(sid, "inbox")
+
+    def children(self, sid: str) -> str:
+        """Set: ids of the child sessions its sub-agent calls started."""
+        return self.session(sid, "children")
 
     def call_lease(self, sid: str, field: str) -> str:
         """String: the worker running a dispatched call, with a time to live."""

@@ -6,6 +6,7 @@ Every write that must be atomic is one script of `store/lua/`; reads are single 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -107,6 +108,8 @@ class Loaded:
     journal: dict[str, str]
     #: Redis's clock when the step began (seconds; 0 when not read): the step's times come from it
     redis_now: float = 0.0
+    #: user messages sent meanwhile (`session send`), oldest first, not yet delivered
+    inbox: list[UserQuery] = dataclasses.field(default_factory=list)
 
 
 @dataclass
@@ -491,7 +494,7 @@ class Store:
         return self._loaded(session_id, res, seen)
 
     def _loaded(self, session_id: str, payload: list[Any], seen: _Transcript | None) -> Loaded:
-        flat, raw_turns, raw_calls, raw_results, holder, journal = payload
+        flat, raw_turns, raw_calls, raw_results, holder, journal, inbox = payload
         header = header_from_hash(dict(zip(flat[::2], flat[1::2], strict=True)))
         turns = self._transcript(session_id, header, raw_turns, seen)
         calls = [merge_outcome(c, r) for c, r in zip(raw_calls, raw_results, strict=True) if c]
@@ -501,6 +504,7 @@ class Store:
             calls=calls,
             lease_holder=holder or "",
             journal=dict(zip(journal[::2], journal[1::2], strict=True)),
+            inbox=[UserQuery.model_validate_json(m) for m in inbox],
         )
 
     def _transcript(
@@ -618,6 +622,7 @@ class Store:
         usage: Usage,
         events: list[tuple[str, dict[str, Any]]],
         steps_inc: int,
+        inbox_taken: int = 0,
         request: str = "",
         now: float | None = None,
     ) -> tuple[str, int, bool]:
@@ -652,6 +657,7 @@ class Store:
             ],
             "events": [[k, json.dumps(d, ensure_ascii=False)] for k, d in events],
             "request": request,
+            "inbox_taken": inbox_taken,
         }
         turn_jsons = [t.model_dump_json(exclude_none=True) for t in new_turns]
         # Sessions stored before digests keep none (their count is checked instead).
@@ -796,6 +802,25 @@ class Store:
                 status=res[1],
             )
         return int(res[1]), bool(res[2])
+
+    def send_message(self, session_id: str, query: UserQuery) -> tuple[int, int]:
+        """Queue a user message for the session's next model call (a completed session becomes
+        ready again); returns (version, messages now waiting)."""
+        check_session_id(session_id)
+        limit = self.settings.max_queued_messages
+        res = self._run("send_message", session_id, [query.model_dump_json(exclude_defaults=True), limit])
+        if res[0] == "missing":
+            raise UnknownSession(f"unknown session {session_id!r}", session_id=session_id)
+        if res[0] == "ended":
+            raise SessionNotAdvanceable(
+                f"session {session_id} is {res[1]}: it takes no more messages", session_id=session_id, status=res[1]
+            )
+        if res[0] == "full":
+            raise InvalidInput(
+                f"session {session_id} already has {res[1]} messages waiting (the limit): send more once it "
+                "has taken them"
+            )
+        return int(res[1]), int(res[2])
 
     def prepare_step(self, session_id: str) -> int:
         """Make a session steppable (a failed one becomes active); returns its version."""

@@ -22,7 +22,7 @@ for _, field in ipairs(redis.call('SMEMBERS', K.pending)) do
   redis.call('ZREM', K.deadlines, SID .. ' ' .. field)
   redis.call('ZREM', K.dispatched, SID .. ' ' .. field)
 end
-redis.call('DEL', K.pending)
+redis.call('DEL', K.pending, K.inbox)
 redis.call('HSET', K.meta, 'status', 'cancelled', 'drive', 'manual')
 local version = redis.call('HINCRBY', K.meta, 'version', 1)
 set_version(version)

@@ -4,7 +4,8 @@
 --   {n_turns, n_calls, head, state, status, response, error, usage, steps_inc, batch, batch_size,
 --    owe (a step is owed next if the session is auto-driven at commit time),
 --    pending = [[field, created_ms]], dispatched = [field], tokens = [[field, expires_ms, call_id, tool, digest, reason]],
---    events = [[kind, data]], request, turns_digest (after the new turns; empty: none kept)}
+--    events = [[kind, data]], request, turns_digest (after the new turns; empty: none kept),
+--    inbox_taken (queued messages this step delivered: the oldest ones)}
 -- ARGV[7..] = n_turns turn JSONs, then n_calls pairs (field, call JSON).
 -- KEYS[NKEYS+1..] = one key per token, in the order of control.tokens.
 local m = redis.call('HMGET', K.meta, 'version', 'status')
@@ -14,6 +15,18 @@ if m[2] ~= 'active' then return {'ended', m[2]} end
 local holder = redis.call('GET', K.lease)
 if holder and holder ~= ARGV[5] then return {'lost_lease', holder} end
 local c = cjson.decode(ARGV[6])
+-- Messages are only ever added at the tail (send_message.lua): the ones this step read are the
+-- oldest. One that came after the step read the queue stays, and a session that would complete
+-- with it unread goes on instead (ready; owed a step when driven), so it is never left behind.
+if c.inbox_taken > 0 then redis.call('LTRIM', K.inbox, c.inbox_taken, -1) end
+if c.status == 'completed' and redis.call('LLEN', K.inbox) > 0 then
+  c.status, c.state, c.owe = 'active', 'ready', true
+  local kept = {}
+  for _, e in ipairs(c.events) do
+    if e[1] ~= 'completed' then kept[#kept + 1] = e end
+  end
+  c.events = kept
+end
 local i = 7
 for _ = 1, c.n_turns do
   redis.call('RPUSH', K.turns, ARGV[i])
