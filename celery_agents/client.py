@@ -25,15 +25,17 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from celery_agents.config import Settings
-from celery_agents.errors import InvalidInput, SessionNotAdvanceable, WaitTimeout
+from celery_agents.errors import InvalidInput, SessionNotAdvanceable, UnknownSession, WaitTimeout
 from celery_agents.model import (
     AgentSpec,
+    CallState,
     CompletionOutcome,
     PendingCall,
     SessionHeader,
     SessionView,
     State,
     Status,
+    TrackedCall,
     UserQuery,
     load_agent_file,
 )
@@ -58,6 +60,8 @@ class Client:
         self._store: Store | None = None
         self._embedded: EmbeddedRedis | None = None
         self._dispatcher: Any = None
+        #: sessions an inline drive of this client is driving now (a child that ends wakes its parent)
+        self._driving: set[str] = set()
         self.owner = f"cli@{socket.gethostname()}:{os.getpid()}"
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -129,7 +133,7 @@ class Client:
 
     def _views(self, headers: list[SessionHeader]) -> list[SessionView]:
         views = []
-        for h, (pending, leased) in zip(headers, self.store.live_state(headers), strict=True):
+        for h, (pending, leased, children) in zip(headers, self.store.live_state(headers), strict=True):
             running = h.status == Status.ACTIVE and leased
             views.append(
                 SessionView(
@@ -147,6 +151,8 @@ class Client:
                     usage=h.usage,
                     created_at=h.created_at,
                     updated_at=h.updated_at,
+                    parent=h.parent,
+                    children=children,
                 )
             )
         return views
@@ -169,9 +175,12 @@ class Client:
 
     # `list` below is the method above: `builtins.list` is the type.
     def pending(self, session_id: str | None = None, limit: int = 1000) -> builtins.list[PendingCall]:
+        """Unfinished calls of every session, or of one session and its child sessions."""
         session_id = None if session_id is None else self.resolve(session_id)
         self.catch_up()
-        return self.store.pending_view(session_id, limit=limit)
+        if session_id is None:
+            return self.store.pending_view(None, limit=limit)
+        return [p for sid in self.tree(session_id) for p in self.store.pending_view(sid, limit=limit)][:limit]
 
     def events(self, session_id: str, *, follow: bool = False, after: str = "0-0") -> Iterator[dict[str, Any]]:
         store = self.store
@@ -287,18 +296,54 @@ class Client:
         return self.view(session_id)
 
     def cancel(self, session_id: str) -> SessionView:
-        """Stop the session for good: unfinished calls cancelled, tokens dead."""
+        """Stop the session for good: unfinished calls cancelled, tokens dead; its child sessions
+        (and theirs) are cancelled too, and a child's parent learns that its call failed."""
+        from celery_agents.runtime.subagents import settle_parent
+
         session_id = self.resolve(session_id)
-        self.store.cancel(session_id)
+        store = self.store
+        store.cancel(session_id)
+        self._cancel_children(session_id)
+        finished = settle_parent(store, store.header(session_id))
+        if finished is not None and finished.woken:
+            self._woken(store.header(session_id).parent or "", finished.version)
         return self.view(session_id)
+
+    def _cancel_children(self, session_id: str) -> None:
+        for child in self.store.children(session_id):
+            with contextlib.suppress(SessionNotAdvanceable, UnknownSession):  # ended, or not made yet
+                self.store.cancel(child)
+            self._cancel_children(child)
+
+    def tree(self, session_id: str) -> builtins.list[str]:
+        """The session and its descendants, parents before children."""
+        out, todo = [], [session_id]
+        while todo:
+            sid = todo.pop(0)
+            out.append(sid)
+            todo += self.store.children(sid)
+        return out
 
     def complete(self, token: str, result: Any, *, error: bool = False, by: str | None = None) -> CompletionOutcome:
         """Complete a deferred call with its result (or, with `error`, its error text)."""
         from celery_agents.runtime.completions import complete
 
+        publish = self._publish_wakes()
         return complete(
-            self.store, token, result, is_error=error, by=by, wake=self._wake if self._publish_wakes() else None
+            self.store,
+            token,
+            result,
+            is_error=error,
+            by=by,
+            wake=self._wake if publish else None,
+            dispatch=self.dispatcher.call if publish else self._run_approved,
         )
+
+    def _run_approved(self, session_id: str, call: TrackedCall) -> None:
+        """Inline, an approved delegation starts (and drives) its child session here, unless no
+        command drives the parent now (then `resume` does it: the call waits as dispatched)."""
+        if self.store.header(session_id).drive == "auto":
+            self._run_dispatched(session_id, call.field, call.disposition)
 
     def catch_up(self) -> None:
         """Apply what only workers apply otherwise: due deadlines and, when no worker runs, the
@@ -345,6 +390,13 @@ class Client:
         store = self.store
         return store.purge(states, store.server_time() - older_than, limit)
 
+    def _woken(self, session_id: str, version: int) -> None:
+        """A session was woken (owed a step): publish it, or drive it here when inline."""
+        if self._publish_wakes():
+            self._wake(session_id, version)
+        elif session_id not in self._driving:
+            self._drive_inline(session_id)
+
     def _wake(self, session_id: str, version: int) -> None:
         self.dispatcher.step(session_id, version, "wake")
 
@@ -382,13 +434,21 @@ class Client:
             )
         for call in result.dispatch:
             self._run_dispatched(session_id, call.field, call.disposition)
+        if result.parent is not None and result.state in (State.COMPLETED, State.FAILED):
+            from celery_agents.runtime.subagents import settle_parent
+
+            finished = settle_parent(self.store, self.store.header(session_id))
+            if finished is not None and finished.woken:
+                self._woken(result.parent, finished.version)
         return result.outcome
 
     def _run_dispatched(self, session_id: str, field: str, disposition: str) -> None:
         from celery_agents.runtime import run_call
 
         _, tools, isolated = self._ports()
-        run_call(self.store, session_id, field, isolated if disposition == "runIsolated" else tools, self.owner)
+        res = run_call(self.store, session_id, field, isolated if disposition == "runIsolated" else tools, self.owner)
+        if res.child is not None:  # a sub-agent call: its child session is driven here as well
+            self._drive_inline(res.child[0])
 
     def _run_orphaned_calls(self, session_id: str) -> None:
         """Dispatched calls nobody runs (this process died before running them, and no worker is
@@ -397,7 +457,7 @@ class Client:
         orphans = [
             c
             for c in store.pending_calls(session_id)
-            if c.disposition in ("runAsync", "runIsolated")
+            if (c.disposition in ("runAsync", "runIsolated") or (c.meta.get("child") and c.state == CallState.RUNNING))
             and not store.client.exists(store.keys.call_lease(session_id, c.field))
         ]
         if orphans and not store.live_workers():
@@ -405,6 +465,13 @@ class Client:
                 self._run_dispatched(session_id, c.field, c.disposition)
 
     def _drive_inline(self, session_id: str, on_event: EventHook | None = None, after: str = "0-0") -> None:
+        self._driving.add(session_id)
+        try:
+            self._drive_inline_loop(session_id, on_event, after)
+        finally:
+            self._driving.discard(session_id)
+
+    def _drive_inline_loop(self, session_id: str, on_event: EventHook | None, after: str) -> None:
         store = self.store
         self._run_orphaned_calls(session_id)
         while True:
@@ -472,7 +539,12 @@ class Client:
             # Its last call finished after the header was read: the session has moved on (in auto
             # drive a step follows), so look again at the next event or tick.
             return False
-        return all(c.disposition == "defer" for c in pending)
+        if any(c.meta.get("child") for c in pending):
+            # Waiting on child sessions: settled when only people's work is left in the tree (a
+            # call waiting on a child stands for what the child waits on).
+            pending = [c for sid in self.tree(session_id) for c in store.pending_calls(sid)]
+            pending = [c for c in pending if c.state == CallState.DEFERRED or not c.meta.get("child")]
+        return bool(pending) and all(c.state == CallState.DEFERRED for c in pending)
 
     def _wait(
         self,

@@ -25,6 +25,7 @@ from celery_agents.model.session import (
     SessionView,
     State,
     Status,
+    child_session_id,
 )
 from celery_agents.model.turns import (
     LlmTurn,
@@ -87,6 +88,7 @@ __all__ = [
     "agent_json_schema",
     "build_schemas",
     "call_field",
+    "child_session_id",
     "load_agent_file",
     "parse_agent",
 ]

@@ -11,6 +11,7 @@ from redis.exceptions import LockError
 from celery_agents.errors import UntrustedSpec
 from celery_agents.model import CallState, TrackedCall
 from celery_agents.runtime.lease import LeaseKeeper
+from celery_agents.runtime.subagents import run_child_call
 from celery_agents.scheduler.ports import ToolPort
 from celery_agents.store import Finished, Store, outcome_json
 from celery_agents.tools.cancel import cancellable
@@ -24,6 +25,8 @@ class CallRun:
     status: str
     finished: Finished | None = None
     call: TrackedCall | None = None
+    #: a sub-agent call started its child session: publish the child's first step at this version
+    child: tuple[str, int] | None = None
 
 
 def run_call(store: Store, session_id: str, field: str, tools: ToolPort, owner: str) -> CallRun:
@@ -52,6 +55,10 @@ def run_call(store: Store, session_id: str, field: str, tools: ToolPort, owner: 
             event = {"call_id": call.call_id, "tool": call.tool, "state": CallState.FAILED.value}
             finished = store.record_result(session_id, field, body, event)
             return CallRun(status=finished.status, finished=finished, call=call)
+        if call.meta.get("child"):
+            ran = run_child_call(store, session_id, call, agent)
+            status = "started" if ran.started else ran.finished.status if ran.finished else "running"
+            return CallRun(status, ran.finished, call, (ran.child, ran.version) if ran.started else None)
         started = time.time()
         pending_key = k.pending(session_id)
 

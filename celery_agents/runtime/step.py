@@ -34,6 +34,8 @@ class StepResult:
     #: another step is owed at `version` (auto drive)
     owed: bool = False
     llm_reused: bool = False
+    #: the session is a child: its parent's id (a child that ends settles its parent's call)
+    parent: str | None = None
 
 
 def run_step(
@@ -86,13 +88,13 @@ def run_step(
         # Not the session's fault to retry away: its spec was not stored by a holder of the key.
         log.warning("step of session %s refused: %s", session_id, exc.message)
         store.fail_step(session_id, version, ErrorInfo(code=exc.code, message=exc.message), owner)
-        return StepResult(outcome="failed", version=version + 1, state=State.FAILED)
+        return StepResult(outcome="failed", version=version + 1, state=State.FAILED, parent=header.parent)
     except Exception as exc:
         log.exception("step of session %s at version %s failed", session_id, version)
         store.fail_step(
             session_id, version, ErrorInfo(code="internal_error", message=f"{type(exc).__name__}: {exc}"), owner
         )
-        return StepResult(outcome="failed", version=version + 1, state=State.FAILED)
+        return StepResult(outcome="failed", version=version + 1, state=State.FAILED, parent=header.parent)
     if not t.commit:
         store.end_step(session_id, owner, request, t.kind)
         return StepResult(outcome="waiting" if t.kind == "wait" else "noop", version=version, state=t.state)
@@ -107,6 +109,7 @@ def run_step(
         dispatch=t.dispatch,
         owed=owed,
         llm_reused=journaled_llm.reused,
+        parent=header.parent,
     )
 
 

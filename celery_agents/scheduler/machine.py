@@ -33,6 +33,7 @@ from celery_agents.model import (
     Usage,
     UserQuery,
     UserTurn,
+    child_session_id,
 )
 from celery_agents.scheduler.messages import build_messages
 from celery_agents.scheduler.policy import disposition_for
@@ -178,7 +179,7 @@ def _call_model_on(snap: Snapshot, ports: Ports, folded: UserTurn | None) -> Tra
     request = LlmRequest(
         agent=snap.agent,
         messages=build_messages(snap.agent, turns),
-        tools=[t.openai_schema() for t in snap.agent.tools],
+        tools=snap.agent.tool_schemas(),
         session_id=h.session_id,
         version=h.version,
     )
@@ -267,10 +268,14 @@ def _run_tools(snap: Snapshot, turn: LlmTurn, ports: Ports) -> Transition:
             created_at=now,
         )
         tool = agent.tool(tc.name)
+        sub = agent.sub_agent(tc.name) if tool is None else None
+        if sub is not None and arg_error is None:
+            arg_error = _prompt_error(args)
+            call = call.model_copy(update={"meta": {"child": child_session_id(h.session_id, call.field)}})
         if position >= agent.max_tool_calls_per_turn:
             call = _finish(call, CallOutcome(state="failed", attempts=0, error=_too_many(turn, agent)), now)
-        elif tool is None:
-            names = ", ".join(t.name for t in agent.tools) or "none"
+        elif tool is None and sub is None:
+            names = ", ".join([t.name for t in agent.tools] + list(agent.sub_agent_tools)) or "none"
             call = _finish(
                 call,
                 CallOutcome(
@@ -328,6 +333,14 @@ def _run_tools(snap: Snapshot, turn: LlmTurn, ports: Ports) -> Transition:
     return Transition(
         kind="tools", calls=calls, dispatch=dispatch, head="PartialUserTurn", state=State.WAITING, events=events
     )
+
+
+def _prompt_error(args: Any) -> str | None:
+    """What is wrong with a sub-agent call's arguments, if anything."""
+    prompt = args.get("prompt") if isinstance(args, dict) else None
+    if not isinstance(prompt, str) or not prompt.strip():
+        return 'give the task as {"prompt": "..."}, a non-empty string'
+    return None
 
 
 def _too_many(turn: LlmTurn, agent: AgentSpec) -> str:

@@ -19,7 +19,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any, Literal, NamedTuple, cast
 
 import redis
 from pydantic import TypeAdapter
@@ -142,6 +142,14 @@ def turn_digest(previous: str, raw_turns: list[str]) -> str:
     return digest
 
 
+class Live(NamedTuple):
+    """What a session's view shows besides its header."""
+
+    pending: list[PendingCall]
+    leased: bool
+    children: list[str]
+
+
 #: what the sweeper does with an outbox entry or a dispatched call (store/lua/sweep_*.lua)
 SweepVerdict = Literal["settled", "running", "waiting", "republish"]
 
@@ -184,6 +192,7 @@ def header_to_hash(h: SessionHeader) -> dict[str, str]:
         "usage": h.usage.model_dump_json(exclude_defaults=True),
         "error": h.error.model_dump_json() if h.error else "",
         "response": json.dumps(h.response),
+        **({"parent": h.parent, "parent_call": h.parent_call or ""} if h.parent else {}),
     }
 
 
@@ -207,6 +216,8 @@ def header_from_hash(d: dict[str, str]) -> SessionHeader:
         usage=Usage.model_validate_json(d["usage"]) if d.get("usage") else Usage(),
         error=ErrorInfo.model_validate_json(d["error"]) if d.get("error") else None,
         response=json.loads(d["response"]) if d.get("response") else None,
+        parent=d.get("parent") or None,
+        parent_call=d.get("parent_call") or None,
     )
 
 
@@ -327,7 +338,9 @@ class Store:
         owe: bool = False,
         session_id: str | None = None,
         now: float | None = None,
+        parent: tuple[str, str] | None = None,
     ) -> SessionHeader:
+        """Store a new session; `parent` is (session, call field) of the sub-agent call starting it."""
         stamp = time.time() if now is None else now  # shown only: the script stamps created_at from Redis
         sid = check_session_id(session_id) if session_id else new_session_id()
         spec_json = agent.to_json()
@@ -342,6 +355,8 @@ class Store:
             updated_at=stamp,
             step_limit=agent.max_steps,
             turn_count=1,
+            parent=parent[0] if parent else None,
+            parent_call=parent[1] if parent else None,
         )
         first_turn = UserTurn(query=query, at=stamp).model_dump_json(exclude_none=True)
         header.turns_digest = turn_digest("", [first_turn])
@@ -362,6 +377,31 @@ class Store:
             raise SessionNotAdvanceable(f"session {sid} already exists")
         self._agents[content_hash] = agent
         return header
+
+    def start_child(
+        self, parent: SessionHeader, call_field: str, child_id: str, agent: AgentSpec, query: UserQuery
+    ) -> bool:
+        """Start the child session of a sub-agent call, auto-driven and owed its first step, unless
+        it exists already (an earlier attempt made it): returns whether this call made it. The
+        parent lists it first, so that a crash in between leaves it findable (cancel reaches it)."""
+        self.client.sadd(self.keys.children(parent.session_id), child_id)
+        try:
+            self.create_session(
+                agent, query, drive="auto", owe=True, session_id=child_id, parent=(parent.session_id, call_field)
+            )
+        except SessionNotAdvanceable:
+            return False
+        return True
+
+    def call(self, session_id: str, field: str) -> TrackedCall:
+        """One tracked call as its step created it (without its outcome)."""
+        raw = self.client.hget(self.keys.calls(session_id), field)
+        if raw is None:
+            raise UnknownSession(f"session {session_id!r} has no call {field}", session_id=session_id)
+        return TrackedCall.model_validate_json(raw)
+
+    def children(self, session_id: str) -> list[str]:
+        return sorted(cast("set[str]", self.client.smembers(self.keys.children(session_id))))
 
     def header(self, session_id: str) -> SessionHeader:
         check_session_id(session_id)
@@ -652,7 +692,15 @@ class Store:
             "pending": pending,
             "dispatched": dispatched,
             "tokens": [
-                [c.field, int((c.expires_at or 0) * 1000), c.call_id, c.tool, c.digest(), c.reason or ""]
+                [
+                    c.field,
+                    int((c.expires_at or 0) * 1000),
+                    c.call_id,
+                    c.tool,
+                    c.digest(),
+                    c.reason or "",
+                    str(c.meta.get("child") or ""),
+                ]
                 for c in tokens
             ],
             "events": [[k, json.dumps(d, ensure_ascii=False)] for k, d in events],
@@ -715,13 +763,23 @@ class Store:
         sid, secret = parse_token(token)
         tkey = self.keys.token(sid, secret)
         expired = outcome_json(CallState.EXPIRED, now=time.time() if now is None else now, attempts=0)
+        approves = "0" if json.loads(outcome).get("state") == CallState.FAILED.value else "1"
         res = self._run(
-            "complete_token", sid, [outcome, by, json.dumps(event or {}), expired], extra_keys=(tkey,), now=now
+            "complete_token",
+            sid,
+            [outcome, by, json.dumps(event or {}), expired, approves],
+            extra_keys=(tkey,),
+            now=now,
         )
         status = res[0]
-        if status == "ok":
+        if status in ("ok", "approved"):
             return CompletionOutcome(
-                token=token, session_id=sid, call_id=res[1], remaining=int(res[2]), woken=bool(res[3])
+                token=token,
+                session_id=sid,
+                call_id=res[1],
+                remaining=int(res[2]),
+                woken=bool(res[3]),
+                delegated=res[5] if status == "approved" else None,
             ), int(res[4])
         details: dict[str, Any] = {"token": token}
         if status == "expired_now":
@@ -957,17 +1015,19 @@ class Store:
         raw_calls, raw_results, started = pipe.execute()
         return _unfinished(raw_calls, raw_results, started)
 
-    def live_state(self, headers: list[SessionHeader]) -> list[tuple[list[PendingCall], bool]]:
-        """For each session: its unfinished calls and whether a step holds its lease; two
-        pipelined round trips for any number of sessions."""
+    def live_state(self, headers: list[SessionHeader]) -> list[Live]:
+        """For each session: its unfinished calls, whether a step holds its lease, and its child
+        sessions; two pipelined round trips for any number of sessions."""
         k = self.keys
         pipe = self.client.pipeline(transaction=False)
         for h in headers:
             pipe.exists(k.lease(h.session_id))
             pipe.smembers(k.pending(h.session_id))
+            pipe.smembers(k.children(h.session_id))
         first = pipe.execute()
-        leased = [bool(x) for x in first[0::2]]
-        fields = [sorted(x) for x in first[1::2]]
+        leased = [bool(x) for x in first[0::3]]
+        fields = [sorted(x) for x in first[1::3]]
+        children = [sorted(x) for x in first[2::3]]
         pipe = self.client.pipeline(transaction=False)
         for h, fs in zip(headers, fields, strict=True):
             if fs:
@@ -975,13 +1035,13 @@ class Store:
                 pipe.hmget(k.results(h.session_id), fs)
                 pipe.mget([k.call_started(h.session_id, f) for f in fs])
         second = iter(pipe.execute())
-        out: list[tuple[list[PendingCall], bool]] = []
-        for h, fs, lease in zip(headers, fields, leased, strict=True):
+        out: list[Live] = []
+        for h, fs, lease, kids in zip(headers, fields, leased, children, strict=True):
             pending: list[PendingCall] = []
             if fs:
                 rows = _unfinished(next(second), next(second), next(second))
                 pending = [pending_view(h.session_id, c, started) for c, started in rows]
-            out.append((pending, lease))
+            out.append(Live(pending, lease, kids))
         return out
 
     def pending_view(self, session_id: str | None = None, limit: int = 1000) -> list[PendingCall]:

@@ -20,6 +20,8 @@ def _run(task: Any, session_id: str, field: str, isolated: bool) -> str:
     owner = execution_owner(task.request)
     tools = ctx.isolated_tools if isolated else ctx.tools
     res = run_call(ctx.store, session_id, field, tools, owner)
+    if res.child is not None:
+        Dispatcher(app).step(*res.child)
     if res.finished is not None and res.finished.woken:
         Dispatcher(app).step(session_id, res.finished.version)
     leave_if_outrun()

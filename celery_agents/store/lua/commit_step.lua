@@ -3,7 +3,7 @@
 -- ARGV[4] = expected version, ARGV[5] = lease owner, ARGV[6] = control JSON:
 --   {n_turns, n_calls, head, state, status, response, error, usage, steps_inc, batch, batch_size,
 --    owe (a step is owed next if the session is auto-driven at commit time),
---    pending = [[field, created_ms]], dispatched = [field], tokens = [[field, expires_ms, call_id, tool, digest, reason]],
+--    pending = [[field, created_ms]], dispatched = [field], tokens = [[field, expires_ms, call_id, tool, digest, reason, child]],
 --    events = [[kind, data]], request, turns_digest (after the new turns; empty: none kept),
 --    inbox_taken (queued messages this step delivered: the oldest ones)}
 -- ARGV[7..] = n_turns turn JSONs, then n_calls pairs (field, call JSON).
@@ -45,7 +45,8 @@ for _, field in ipairs(c.dispatched) do
 end
 for j, t in ipairs(c.tokens) do
   redis.call('HSET', KEYS[NKEYS + j], 'session_id', SID, 'field', t[1], 'state', 'pending',
-    'expires_ms', t[2], 'call_id', t[3], 'tool', t[4], 'digest', t[5], 'reason', t[6], 'created_at', NOW)
+    'expires_ms', t[2], 'call_id', t[3], 'tool', t[4], 'digest', t[5], 'reason', t[6], 'created_at', NOW,
+    'child', t[7])
   redis.call('ZADD', K.deadlines, t[2], SID .. ' ' .. t[1])
 end
 local version = redis.call('HINCRBY', K.meta, 'version', 1)
