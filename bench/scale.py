@@ -89,7 +89,7 @@ class SessionFactory:
     def _commit(self, sid: str, header: Any, t: Any, calls: Any = None) -> Any:
         from celery_agents.runtime import commit_transition
 
-        return commit_transition(self.store, sid, header, "scale", t, request="scale", calls=calls)
+        return commit_transition(self.store, header, "scale", t, request="scale", calls=calls)
 
     def create(self, n: int) -> None:
         from celery_agents.store import new_session_id, new_token

@@ -31,6 +31,14 @@ class State(StrEnum):
     FAILED = "failed"
     CANCELLED = "cancelled"
 
+    @property
+    def owes_step(self) -> bool:
+        """An active session in this state is owed a step (the model to call, or tools to run)."""
+        return self in STEP_OWING_STATES
+
+
+#: the states in which an active session is owed a step (`_lib.lua` `OWES_STEP` mirrors them)
+STEP_OWING_STATES = frozenset({State.READY, State.TOOLS})
 
 Drive = Literal["manual", "auto"]
 

@@ -19,6 +19,7 @@ from celery_agents.runtime.ports import Fence, JournaledLlm, JournaledTools, Red
 from celery_agents.scheduler import Ports, Snapshot, Transition, advance
 from celery_agents.scheduler.ports import Clock, Ids, LlmPort, ToolPort
 from celery_agents.store import LeaseLost, Loaded, Store
+from celery_agents.store.commit import commit_record
 
 log = logging.getLogger("celery_agents.step")
 
@@ -98,7 +99,7 @@ def run_step(
     if not t.commit:
         store.end_step(session_id, owner, request, t.kind)
         return StepResult(outcome="waiting" if t.kind == "wait" else "noop", version=version, state=t.state)
-    res, new_version, owed = commit_transition(store, session_id, header, owner, t, request=request)
+    res, new_version, owed = commit_transition(store, header, owner, t, request=request)
     if res != "ok":
         log.info("step of session %s at version %s not committed: %s", session_id, version, res)
         return StepResult(outcome="lost" if res == "lost_lease" else res, version=version)
@@ -127,7 +128,6 @@ def _inbox_of_step(store: Store, session_id: str, loaded: Loaded, fence: Fence) 
 
 def commit_transition(
     store: Store,
-    session_id: str,
     header: SessionHeader,
     owner: str,
     t: Transition,
@@ -137,25 +137,7 @@ def commit_transition(
     now: float | None = None,
 ) -> tuple[str, int, bool]:
     """Commit what `advance` decided, at `header.version`; returns what `Store.commit` does."""
-    return store.commit(
-        session_id,
-        header,
-        owner,
-        kind=t.kind,
-        new_turns=t.new_turns,
-        calls=t.calls if calls is None else calls,
-        head=t.head,
-        state=t.state,
-        status=t.status,
-        response=t.response,
-        error=t.error,
-        usage=t.usage,
-        events=[(e.type, e.data) for e in t.events],
-        steps_inc=1 if t.counts_as_step else 0,
-        inbox_taken=t.inbox_taken,
-        request=request,
-        now=now,
-    )
+    return store.commit(commit_record(header, owner, t, request=request, calls=calls), now=now)
 
 
 def _safe_end(store: Store, session_id: str, owner: str, request: str, reason: str, keep_owed: bool) -> None:

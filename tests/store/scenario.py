@@ -69,7 +69,7 @@ def decide(
 def commit(
     store: Store, sid: str, loaded: Loaded, t: Transition, owner: str = "w1", now: float | None = None
 ) -> tuple[Any, ...]:
-    return commit_transition(store, sid, loaded.header, owner, t, request="test", now=now)
+    return commit_transition(store, loaded.header, owner, t, request="test", now=now)
 
 
 @dataclass

@@ -241,7 +241,7 @@ def test_commit_refuses_a_stale_version_and_writes_nothing(any_store: Store) -> 
     loaded = begin(store, sid)
     t = decide(store, loaded, llm=ScriptedLlm(llm_turn(text="one")))
     stale = loaded.header.model_copy(update={"version": 5})
-    res = commit_transition(store, sid, stale, "w1", t)
+    res = commit_transition(store, stale, "w1", t)
     assert res[0] == "stale"
     assert len(store.turns(sid)) == 1 and store.header(sid).version == 1
 

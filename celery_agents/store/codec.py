@@ -1,0 +1,134 @@
+"""How values are stored: the header hash, turn digests, call outcomes, events and views built from stored JSON."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from pydantic import TypeAdapter
+
+from celery_agents.model import (
+    CallState,
+    LlmTurn,
+    PendingCall,
+    StoredTurn,
+    TrackedCall,
+    UserTurn,
+)
+
+STORED_TURN: TypeAdapter[UserTurn | LlmTurn] = TypeAdapter(StoredTurn)
+
+
+# Replies are text: the client is made with `decode_responses=True` (store/connection.py), but
+# redis-py types a reply `bytes | str` whatever the client, hence the casts to `str` below.
+# A stream's entries as XRANGE and XREAD (RESP2) return them: (entry id, fields).
+StreamEntries = list[tuple[str, dict[str, str]]]
+
+
+def turn_digest(previous: str, raw_turns: list[str]) -> str:
+    """The digest of a transcript after appending `raw_turns` (JSON exactly as stored) to one whose
+    digest is `previous` ("" for none): equal digests, equal turns, whatever their count."""
+    digest = previous
+    for raw in raw_turns:
+        digest = hashlib.sha256(f"{digest}\n{raw}".encode()).hexdigest()[:32]
+    return digest
+
+
+def merge_outcome(call_json: str, outcome_json: str | None) -> TrackedCall:
+    data = json.loads(call_json)
+    if outcome_json:
+        data.update(json.loads(outcome_json))
+    return TrackedCall.model_validate(data)
+
+
+def completion_json(result: Any, *, is_error: bool, by: str | None, now: float) -> str:
+    """The outcome recorded when a deferred call is completed from outside."""
+    if is_error:
+        text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False)
+        return outcome_json(CallState.FAILED, error=text, now=now, completed_by=by, attempts=1)
+    return outcome_json(CallState.COMPLETED, result=result, now=now, completed_by=by, attempts=1)
+
+
+def outcome_json(
+    state: CallState,
+    *,
+    result: Any = None,
+    error: str | None = None,
+    now: float,
+    duration_ms: float | None = None,
+    exit_status: int | None = None,
+    attempts: int | None = None,
+    completed_by: str | None = None,
+    meta: dict[str, Any] | None = None,
+    started_at: float | None = None,
+) -> str:
+    """The JSON a final outcome is recorded as (merged over the call when read)."""
+    body: dict[str, Any] = {"state": state.value, "finished_at": now}
+    if state == CallState.COMPLETED:
+        body["result"] = result
+    if error is not None:
+        body["error"] = error
+    for k, v in (
+        ("duration_ms", duration_ms),
+        ("exit_status", exit_status),
+        ("attempts", attempts),
+        ("completed_by", completed_by),
+        ("meta", meta),
+        ("started_at", started_at),
+    ):
+        if v is not None:
+            body[k] = v
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+
+
+def event_from_entry(eid: str, fields: dict[str, str]) -> dict[str, Any]:
+    data = json.loads(fields.get("data") or "{}")
+    return {
+        "id": eid,
+        "type": fields.get("type", ""),
+        "at": float(fields.get("at", 0)),
+        "version": int(fields.get("version", 0)),
+        **data,
+    }
+
+
+def unfinished_rows(
+    raw_calls: list[str | None], raw_results: list[str | None], started: list[str | None]
+) -> list[tuple[TrackedCall, bool]]:
+    rows = [
+        (merge_outcome(c, r), s is not None)
+        for c, r, s in zip(raw_calls, raw_results, started, strict=True)
+        if c is not None
+    ]
+    return sorted((row for row in rows if not row[0].state.final), key=lambda row: (row[0].batch, row[0].position))
+
+
+def pending_view(session_id: str, call: TrackedCall, started: bool = True) -> PendingCall:
+    """`started`: a worker (or the CLI) has begun running a dispatched call; until then its
+    state reads `queued`."""
+    state = call.state.value
+    if call.state == CallState.RUNNING and not started:
+        state = "queued"
+    return PendingCall(
+        session_id=session_id,
+        call_id=call.call_id,
+        tool=call.tool,
+        arguments=call.arguments,
+        disposition=call.disposition,
+        reason=call.reason,
+        state=state,
+        token=call.token if call.state == CallState.DEFERRED else None,
+        created_at=call.created_at,
+        expires_at=call.expires_at,
+    )
+
+
+def token_message(status: str, token: str) -> str:
+    short = token if len(token) <= 80 else token[:77] + "..."
+    return {
+        "unknown": f"unknown token {short!r}",
+        "completed": f"token {short!r} was already completed",
+        "expired": f"token {short!r} expired: its deadline passed and the model was told no result came",
+        "cancelled": f"token {short!r} was cancelled with its session",
+    }.get(status, f"token {short!r} cannot be completed ({status})")

@@ -1,0 +1,268 @@
+"""Sessions as a whole: create, find by id prefix, drive, step through, cancel, delete and purge."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import cast
+
+from celery_agents.errors import (
+    InvalidInput,
+    SessionNotAdvanceable,
+    UnknownSession,
+)
+from celery_agents.model import (
+    AgentSpec,
+    CallState,
+    SessionHeader,
+    UserQuery,
+    UserTurn,
+)
+from celery_agents.store.codec import outcome_json, turn_digest
+from celery_agents.store.core import StoreCore
+from celery_agents.store.header import header_from_hash, header_to_hash
+from celery_agents.store.ids import SESSION_ID, check_session_id, new_session_id, parse_token
+from celery_agents.store.signing import sign_spec
+
+
+class SessionStore(StoreCore):
+    """Creating, finding, driving, cancelling and deleting sessions."""
+
+    def create_session(
+        self,
+        agent: AgentSpec,
+        query: UserQuery,
+        *,
+        drive: str = "manual",
+        owe: bool = False,
+        session_id: str | None = None,
+        now: float | None = None,
+        parent: tuple[str, str] | None = None,
+    ) -> SessionHeader:
+        """Store a new session; `parent` is (session, call field) of the sub-agent call starting it."""
+        stamp = time.time() if now is None else now  # shown only: the script stamps created_at from Redis
+        sid = check_session_id(session_id) if session_id else new_session_id()
+        spec_json = agent.to_json()
+        content_hash = agent.content_hash()
+        header = SessionHeader(
+            session_id=sid,
+            agent_slug=agent.slug,
+            agent_hash=content_hash,
+            execution_mode=agent.mode,
+            drive=drive,
+            created_at=stamp,
+            updated_at=stamp,
+            step_limit=agent.max_steps,
+            turn_count=1,
+            parent=parent[0] if parent else None,
+            parent_call=parent[1] if parent else None,
+        )
+        first_turn = UserTurn(query=query, at=stamp).model_dump_json(exclude_none=True)
+        header.turns_digest = turn_digest("", [first_turn])
+        res = self._run(
+            "create_session",
+            sid,
+            [
+                json.dumps(header_to_hash(header)),
+                first_turn,
+                spec_json,
+                "1" if owe else "0",
+                sign_spec(self.settings.spec_key, spec_json) if self.settings.spec_key else "",
+            ],
+            extra_keys=(self.keys.agent(content_hash), self.keys.ids, self.keys.agent_signature(content_hash)),
+            now=now,
+        )
+        if res[0] != "ok":
+            raise SessionNotAdvanceable(f"session {sid} already exists")
+        self._agents[content_hash] = agent
+        return header
+
+    def start_child(
+        self, parent: SessionHeader, call_field: str, child_id: str, agent: AgentSpec, query: UserQuery
+    ) -> bool:
+        """Start the child session of a sub-agent call, auto-driven and owed its first step, unless
+        it exists already (an earlier attempt made it): returns whether this call made it. The
+        parent lists it first, so that a crash in between leaves it findable (cancel reaches it)."""
+        self.client.sadd(self.keys.children(parent.session_id), child_id)
+        try:
+            self.create_session(
+                agent, query, drive="auto", owe=True, session_id=child_id, parent=(parent.session_id, call_field)
+            )
+        except SessionNotAdvanceable:
+            return False
+        return True
+
+    def children(self, session_id: str) -> list[str]:
+        """The child sessions the session's sub-agent calls started."""
+        return sorted(cast("set[str]", self.client.smembers(self.keys.children(session_id))))
+
+    def send_message(self, session_id: str, query: UserQuery) -> tuple[int, int]:
+        """Queue a user message for the session's next model call (a completed session becomes
+        ready again); returns (version, messages now waiting)."""
+        check_session_id(session_id)
+        limit = self.settings.max_queued_messages
+        res = self._run("send_message", session_id, [query.model_dump_json(exclude_defaults=True), limit])
+        if res[0] == "missing":
+            raise UnknownSession(f"unknown session {session_id!r}", session_id=session_id)
+        if res[0] == "ended":
+            raise SessionNotAdvanceable(
+                f"session {session_id} is {res[1]}: it takes no more messages", session_id=session_id, status=res[1]
+            )
+        if res[0] == "full":
+            raise InvalidInput(
+                f"session {session_id} already has {res[1]} messages waiting (the limit): send more once it "
+                "has taken them"
+            )
+        return int(res[1]), int(res[2])
+
+    def resolve(self, session_id: str) -> str:
+        """The whole id of the one session whose id starts with `session_id` (an exact id wins);
+        one ZRANGEBYLEX on the id index, never a scan."""
+        text = session_id.strip()
+        if not SESSION_ID.match(text):
+            raise UnknownSession(f"unknown session {text[:80]!r}", session_id=text)
+        found = self._ids_from(text)
+        if not found and self._index_ids():
+            found = self._ids_from(text)
+        if text in found:
+            return text
+        if len(found) == 1:
+            return found[0]
+        if not found:
+            raise UnknownSession(f"unknown session {text!r}: no session id starts with it", session_id=text)
+        raise InvalidInput(
+            f"session id prefix {text!r} is ambiguous: it starts {', '.join(found[:3])}"
+            f"{' and more' if len(found) > 3 else ''} (give more characters)"
+        )
+
+    def _ids_from(self, prefix: str) -> list[str]:
+        # '~' sorts after every character a session id may hold.
+        return cast("list[str]", self.client.zrangebylex(self.keys.ids, f"[{prefix}", f"({prefix}~", start=0, num=4))
+
+    def _index_ids(self) -> bool:
+        """Sessions made before the id index existed join it (once: afterwards both counts match)."""
+        if int(self.client.zcard(self.keys.ids)) >= int(self.client.zcard(self.keys.sessions)):
+            return False
+        ids = cast("list[str]", self.client.zrange(self.keys.sessions, 0, -1))
+        for i in range(0, len(ids), 1000):
+            self.client.zadd(self.keys.ids, dict.fromkeys(ids[i : i + 1000], 0))
+        return True
+
+    def set_drive(self, session_id: str, drive: str) -> tuple[int, bool]:
+        """Pause ("manual") or resume ("auto"); returns (version, whether a step is now owed)."""
+        check_session_id(session_id)
+        h = self.header(session_id)
+        res = self._run("set_drive", session_id, [drive, self.agent(h.agent_hash).max_steps])
+        if res[0] == "missing":
+            raise UnknownSession(f"unknown session {session_id!r}", session_id=session_id)
+        if res[0] == "ended":
+            raise SessionNotAdvanceable(
+                f"session {session_id} is {res[1]}: it cannot be resumed or paused",
+                session_id=session_id,
+                status=res[1],
+            )
+        return int(res[1]), bool(res[2])
+
+    def prepare_step(self, session_id: str) -> int:
+        """Make a session steppable (a failed one becomes active); returns its version."""
+        h = self.header(session_id)
+        res = self._run("step_through", session_id, [self.agent(h.agent_hash).max_steps])
+        if res[0] == "missing":
+            raise UnknownSession(f"unknown session {session_id!r}", session_id=session_id)
+        if res[0] == "ended":
+            raise SessionNotAdvanceable(
+                f"session {session_id} is {res[1]}: it cannot take another step", session_id=session_id, status=res[1]
+            )
+        return int(res[1])
+
+    def cancel(self, session_id: str, now: float | None = None) -> int:
+        stamp = time.time() if now is None else now
+        unfinished = [c for c in self.pending_calls(session_id)]
+        outcomes = {c.field: outcome_json(CallState.CANCELLED, now=stamp, attempts=c.attempts) for c in unfinished}
+        tkeys = tuple(self.keys.token(session_id, parse_token(c.token)[1]) for c in unfinished if c.token)
+        res = self._run("cancel_session", session_id, [json.dumps(outcomes)], extra_keys=tkeys, now=now)
+        if res[0] == "missing":
+            raise UnknownSession(f"unknown session {session_id!r}", session_id=session_id)
+        if res[0] == "ended":
+            raise SessionNotAdvanceable(
+                f"session {session_id} is already {res[1]}", session_id=session_id, status=res[1]
+            )
+        return int(res[1])
+
+    def delete_session(self, session_id: str, *, force: bool = False) -> int:
+        """Delete a session that is not active (or any, with `force`, once it was cancelled):
+        every key it owns and its entries in the shared indexes, atomically. Returns how many
+        keys went; raises when a step or call of it is still running."""
+        for _ in range(5):
+            calls = cast("dict[str, str]", self.client.hgetall(self.keys.calls(session_id)))
+            secrets = [parse_token(t)[1] for t in (json.loads(c).get("token") for c in calls.values()) if t]
+            keys = self.keys.every_session_key(session_id, list(calls), secrets)
+            extra = (self.keys.ids, self.keys.rewound, *keys)
+            res = self._run("delete_session", session_id, [len(calls), "1" if force else "0"], extra)
+            if res[0] == "ok":
+                return int(res[1])
+            if res[0] == "missing":
+                raise UnknownSession(f"unknown session {session_id!r}", session_id=session_id)
+            if res[0] == "active":
+                raise SessionNotAdvanceable(
+                    f"session {session_id} is still active ({res[1]}): cancel it first "
+                    f"(agents session cancel {session_id}) or delete with --force",
+                    session_id=session_id,
+                    status="active",
+                )
+            if res[0] == "busy":
+                raise SessionNotAdvanceable(
+                    f"session {session_id} has a step or call running; delete it when that ends",
+                    session_id=session_id,
+                    status="running",
+                )
+        raise SessionNotAdvanceable(f"session {session_id} keeps changing; try again", session_id=session_id)
+
+    def purge(self, states: list[str], cutoff: float, limit: int | None = None) -> list[str]:
+        """Delete sessions in `states` last updated before `cutoff` (seconds, Redis's clock),
+        oldest first, at most `limit`; a session that changed meanwhile (resumed, running) is
+        left alone. Returns the ids deleted."""
+        deleted: list[str] = []
+        while limit is None or len(deleted) < limit:
+            want = 200 if limit is None else min(200, limit - len(deleted))
+            batch = self.finished_before(states, cutoff, want)
+            done = [sid for sid in batch if self._delete_if_idle(sid)]
+            deleted += done
+            if len(batch) < want or not done:
+                break
+        return deleted
+
+    def _delete_if_idle(self, session_id: str) -> bool:
+        try:
+            self.delete_session(session_id)
+        except (SessionNotAdvanceable, UnknownSession):
+            return False
+        return True
+
+    def finished_before(self, states: list[str], cutoff: float, limit: int) -> list[str]:
+        """Ids of sessions in `states` last updated before `cutoff` (seconds), oldest first."""
+        pipe = self.client.pipeline(transaction=False)
+        for st in states:
+            pipe.zrangebyscore(
+                self.keys.state_index(st), "-inf", f"({int(cutoff * 1000)}", start=0, num=limit, withscores=True
+            )
+        rows = [row for chunk in pipe.execute() for row in chunk]
+        return [sid for sid, _ in sorted(rows, key=lambda r: r[1])[:limit]]
+
+    def memory_per_session(self, sample: int = 20) -> tuple[int, int]:
+        """(sessions sampled, their bytes in Redis) over the most recently updated sessions."""
+        ids = cast("list[str]", self.client.zrevrange(self.keys.sessions, 0, sample - 1))
+        pipe = self.client.pipeline(transaction=False)
+        for sid in ids:
+            for key in self.keys.session_keys(sid):
+                pipe.memory_usage(key)
+        sizes = pipe.execute()
+        return len(ids), sum(int(x or 0) for x in sizes)
+
+    def list_sessions(self, state: str | None = None, limit: int = 50) -> list[SessionHeader]:
+        index = self.keys.state_index(state) if state else self.keys.sessions
+        ids = cast("list[str]", self.client.zrevrange(index, 0, limit - 1))
+        pipe = self.client.pipeline(transaction=False)
+        for sid in ids:
+            pipe.hgetall(self.keys.meta(sid))
+        return [header_from_hash(d) for d in pipe.execute() if d]

@@ -1,0 +1,55 @@
+"""The outbox of owed steps and the dispatched calls, as the sweeper reads and settles them."""
+
+from __future__ import annotations
+
+from typing import cast
+
+from celery_agents.model import (
+    TrackedCall,
+)
+from celery_agents.store.core import StoreCore
+from celery_agents.store.records import Swept
+
+
+class SweepStore(StoreCore):
+    """The outbox and the dispatched calls, as the sweeper settles them."""
+
+    def owed(self, older_than: float, limit: int = 200) -> list[str]:
+        return list(
+            cast(
+                "list[str]",
+                self.client.zrangebyscore(self.keys.owed, "-inf", int(older_than * 1000), start=0, num=limit),
+            )
+        )
+
+    def touch_owed(self, session_id: str, now: float) -> None:
+        self.client.zadd(self.keys.owed, {session_id: int(now * 1000)}, xx=True)
+
+    def sweep_owed(self, candidates: list[tuple[str, bool]], now: float) -> list[Swept]:
+        """Settle outbox entries atomically, each (session id, whether a step no worker picked up
+        counts as lost); one round trip. See `sweep_owed.lua`."""
+        pipe = self.client.pipeline(transaction=False)
+        for sid, lost in candidates:
+            self._run("sweep_owed", sid, ["1" if lost else "0"], now=now, pipe=pipe)
+        return [
+            Swept(sid, res[0], version=int(res[1]) if res[0] == "republish" else 0)
+            for (sid, _), res in zip(candidates, pipe.execute(), strict=True)
+        ]
+
+    def sweep_dispatched(self, candidates: list[tuple[str, str, bool]], now: float) -> list[Swept]:
+        """Settle dispatched calls atomically, each (session id, field, whether a call no worker
+        started counts as lost); one round trip. See `sweep_dispatched.lua`."""
+        pipe = self.client.pipeline(transaction=False)
+        k = self.keys
+        for sid, field, lost in candidates:
+            extra = (k.call_lease(sid, field), k.call_started(sid, field))
+            self._run("sweep_dispatched", sid, [field, "1" if lost else "0"], extra, now=now, pipe=pipe)
+        return [
+            Swept(
+                sid,
+                res[0],
+                field=field,
+                call=TrackedCall.model_validate_json(res[1]) if res[0] == "republish" else None,
+            )
+            for (sid, field, _), res in zip(candidates, pipe.execute(), strict=True)
+        ]
