@@ -81,6 +81,9 @@ class Settings:
     retention_days: float | None = None
     #: AGENTS_ALLOW_EVICTION=1: run on a Redis whose maxmemory-policy may evict keys
     allow_eviction: bool = False
+    #: AGENTS_API_TOKEN: `agents serve` asks every request for it (`Authorization: Bearer`); unset,
+    #: it serves loopback addresses only. Never stored, never printed.
+    api_token: str | None = field(default=None, repr=False)
 
     @property
     def embedded(self) -> bool:
@@ -109,5 +112,6 @@ class Settings:
             spec_key=env.get("AGENTS_SPEC_KEY") or None,
             retention_days=max(_float_env("AGENTS_RETENTION_DAYS", 0.0), 0.0) or None,
             allow_eviction=env.get("AGENTS_ALLOW_EVICTION") == "1",
+            api_token=env.get("AGENTS_API_TOKEN") or None,
         )
         return replace(s, **overrides) if overrides else s  # type: ignore[arg-type]

@@ -8,6 +8,7 @@ import pytest
 
 from celery_agents import Client
 from celery_agents.config import Settings
+from celery_agents.drivers.celery import settled
 from celery_agents.model import CallState, State
 from celery_agents.store import outcome_json
 from tests.store.scenario import waiting_on
@@ -21,11 +22,11 @@ def test_a_session_whose_last_call_finishes_while_it_is_looked_at_is_not_settled
         sid, calls = waiting_on(store, ("c1", "async_t"), drive="auto")
         seen_before = store.header(sid)
         assert seen_before.state == State.WAITING
-        assert client._settled(sid, None) is False, "an async call runs: the session goes on"
+        assert settled(store, sid, None) is False, "an async call runs: the session goes on"
         # The call finishes between the client's two reads (header, then pending calls).
         done = outcome_json(CallState.COMPLETED, result="ok", now=time.time(), attempts=1)
         assert store.record_result(sid, calls[0].field, done, {}).woken
         monkeypatch.setattr(store, "header", lambda _sid: seen_before)
-        assert client._settled(sid, None) is False, "a step is owed: `run` must not return `ready`"
+        assert settled(store, sid, None) is False, "a step is owed: `run` must not return `ready`"
         monkeypatch.undo()
-        assert client._settled(sid, None) is False, "ready in auto drive: the owed step comes next"
+        assert settled(store, sid, None) is False, "ready in auto drive: the owed step comes next"

@@ -662,6 +662,34 @@ def mcp_server(
 
 
 @app.command()
+def serve(
+    host: Annotated[
+        str, typer.Option("--host", help="Address to listen on (not loopback: AGENTS_API_TOKEN needed).")
+    ] = ("127.0.0.1"),
+    port: Annotated[int, typer.Option("--port", help="Port to listen on.", min=0, max=65535)] = 8765,
+    loglevel: Annotated[str, typer.Option("--loglevel", "-l", help="Log level.")] = "info",
+) -> None:
+    """Serve the HTTP API (/v1, OpenAPI at /docs), the approvals page (/) and /metrics.
+
+    With AGENTS_API_TOKEN set every request needs `Authorization: Bearer <token>` (the page asks
+    for it once); without it only a loopback address is served."""
+    from celery_agents.config import Settings
+    from celery_agents.web.security import check_bind
+
+    try:
+        settings = Settings.from_env()
+        check_bind(host, settings.api_token)
+    except AgentsError as exc:
+        _fail(exc, False)
+    import uvicorn
+
+    from celery_agents.web.app import create_app
+
+    sys.stderr.write(f"serving http://{host}:{port}/ (API at /v1, docs at /docs)\n")
+    uvicorn.run(create_app(settings), host=host, port=port, log_level=loglevel.lower(), proxy_headers=False)
+
+
+@app.command()
 def doctor(as_json: JsonOpt = False) -> None:
     """Check Redis, persistence settings, workers, queues, owed steps and rejected completions."""
     from celery_agents.cli.doctor import diagnose, render

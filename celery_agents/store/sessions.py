@@ -22,6 +22,7 @@ from celery_agents.store.codec import outcome_json, turn_digest
 from celery_agents.store.core import StoreCore
 from celery_agents.store.header import header_from_hash, header_to_hash
 from celery_agents.store.ids import SESSION_ID, check_session_id, new_session_id, parse_token
+from celery_agents.store.keys import STORED_STATES
 from celery_agents.store.signing import sign_spec
 
 
@@ -95,6 +96,15 @@ class SessionStore(StoreCore):
     def children(self, session_id: str) -> list[str]:
         """The child sessions the session's sub-agent calls started."""
         return sorted(cast("set[str]", self.client.smembers(self.keys.children(session_id))))
+
+    def tree(self, session_id: str) -> list[str]:
+        """The session and every session below it (children, theirs...), parents first."""
+        out, todo = [], [session_id]
+        while todo:
+            sid = todo.pop(0)
+            out.append(sid)
+            todo += self.children(sid)
+        return out
 
     def send_message(self, session_id: str, query: UserQuery) -> tuple[int, int]:
         """Queue a user message for the session's next model call (a completed session becomes
@@ -266,3 +276,21 @@ class SessionStore(StoreCore):
         for sid in ids:
             pipe.hgetall(self.keys.meta(sid))
         return [header_from_hash(d) for d in pipe.execute() if d]
+
+    def headers(self, session_ids: list[str]) -> dict[str, SessionHeader]:
+        """The headers of the sessions named that still exist, in one pipelined round trip."""
+        pipe = self.client.pipeline(transaction=False)
+        for sid in session_ids:
+            pipe.hgetall(self.keys.meta(sid))
+        return {sid: header_from_hash(d) for sid, d in zip(session_ids, pipe.execute(), strict=True) if d}
+
+    def state_counts(self) -> dict[str, int]:
+        """Sessions per stored state, from the state indexes (one round trip, never a scan)."""
+        pipe = self.client.pipeline(transaction=False)
+        for state in STORED_STATES:
+            pipe.zcard(self.keys.state_index(state))
+        return {state: int(n) for state, n in zip(STORED_STATES, pipe.execute(), strict=True)}
+
+    def pending_count(self) -> int:
+        """Unfinished calls of every session (the size of the pending index)."""
+        return int(self.client.zcard(self.keys.pending_all))

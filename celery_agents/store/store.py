@@ -18,8 +18,10 @@ from celery_agents.store.codec import (
     pending_view,
     turn_digest,
 )
+from celery_agents.store.fleet import Fleet
 from celery_agents.store.header import header_from_hash, header_to_hash
 from celery_agents.store.ids import check_session_id, new_session_id, new_token, parse_token
+from celery_agents.store.ledger import CallLedger
 from celery_agents.store.records import Finished, LeaseLost, Loaded, SweepVerdict, Swept
 from celery_agents.store.sessions import SessionStore
 from celery_agents.store.steps import JOURNAL_TTL_S, StepStore
@@ -49,5 +51,5 @@ __all__ = [
 ]
 
 
-class Store(SessionStore, StepStore, CallStore, SweepStore, ViewStore):
+class Store(SessionStore, StepStore, CallStore, SweepStore, ViewStore, CallLedger, Fleet):
     """Session state in Redis under one key prefix."""

@@ -1,0 +1,158 @@
+"""Steps run on Celery workers: a step or a drive is published to the `steps` queue and the caller
+waits on the session's event stream until the outcome shows (`wait=False` returns at once,
+`timeout` bounds the wait)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from celery_agents.drivers.base import EventHook, Publisher, replay
+from celery_agents.errors import WaitTimeout
+from celery_agents.model import CallState, State, Status, TrackedCall
+from celery_agents.store import Finished, Store
+
+Done = Callable[[dict[str, Any] | None], bool]
+
+#: events after which a driven session may have settled (looked at again when one arrives)
+_SETTLING_EVENTS = frozenset(
+    {
+        "step_committed",
+        "step_noop",
+        "step_skipped",
+        "failed",
+        "cancelled",
+        "paused",
+        "tool_finished",
+        "token_completed",
+        "token_expired",
+    }
+)
+
+
+class CeleryDriver:
+    """Publishes steps and waits for their outcome on the event stream."""
+
+    def __init__(self, store: Store, publisher: Publisher) -> None:
+        self.store, self.publisher = store, publisher
+
+    def step(
+        self,
+        session_id: str,
+        version: int,
+        *,
+        after: str,
+        wait: bool,
+        timeout: float | None,
+        on_event: EventHook | None,
+    ) -> None:
+        request = uuid.uuid4().hex
+        self.publisher.step(session_id, version, request)
+        if wait:
+            self._wait(session_id, after, timeout, on_event, lambda e: step_done(e, version, request))
+
+    def drive(
+        self,
+        session_id: str,
+        version: int,
+        *,
+        after: str,
+        publish: bool,
+        wait: bool,
+        timeout: float | None,
+        on_event: EventHook | None,
+    ) -> None:
+        if publish:
+            self.publisher.step(session_id, version, "drive")
+        if wait:
+            self._wait(session_id, after, timeout, on_event, lambda e: settled(self.store, session_id, e))
+
+    def wake(self, session_id: str, version: int) -> None:
+        self.publisher.step(session_id, version, "wake")
+
+    def calls_ran(self, session_id: str, finished: list[Finished]) -> None:
+        for f in finished:
+            if f.woken:
+                self.wake(session_id, f.version)
+
+    def dispatched(self, session_id: str, call: TrackedCall) -> None:
+        self.publisher.dispatcher.call(session_id, call)
+
+    def catch_up(self) -> None:
+        """Workers apply the completions stream."""
+
+    def interrupted(self, session_id: str) -> bool:
+        """The workers go on with the session."""
+        return False
+
+    def _wait(self, session_id: str, after: str, timeout: float | None, on_event: EventHook | None, done: Done) -> None:
+        store = self.store
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if done(None):
+            replay(store, session_id, after, on_event)
+            return
+        while True:
+            events = store.read_events(session_id, after, block_ms=_block_ms(session_id, deadline, timeout))
+            for e in events:
+                after = e["id"]
+                if on_event is not None:
+                    on_event(e)
+                if done(e):
+                    return
+            if not events and done(None):
+                return
+
+
+def _block_ms(session_id: str, deadline: float | None, timeout: float | None) -> int:
+    """How long the next read of the stream may block: a second, or what is left of the timeout."""
+    if deadline is None or timeout is None:
+        return 1000
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise WaitTimeout(
+            f"no outcome for session {session_id} within {timeout:g} s; the work goes on "
+            f"(see `agents session show {session_id}`)",
+            session_id=session_id,
+        )
+    return max(1, min(1000, int(left * 1000)))
+
+
+def settled(store: Store, session_id: str, event: dict[str, Any] | None) -> bool:
+    """A driven session has stopped for now: ended, waiting on external work only, or (manual
+    drive) ready for an explicit step. `event` is the one just read (None: a quiet tick)."""
+    if event is not None and event["type"] not in _SETTLING_EVENTS:
+        return False
+    h = store.header(session_id)
+    if h.status != Status.ACTIVE:
+        return True
+    if store.lease_holder(session_id):
+        return False
+    if h.state in (State.READY, State.TOOLS):
+        return h.drive != "auto"
+    pending = store.pending_calls(session_id)
+    if not pending:
+        # Its last call finished after the header was read: the session has moved on (in auto
+        # drive a step follows), so look again at the next event or tick.
+        return False
+    if any(c.meta.get("child") for c in pending):
+        # Waiting on child sessions: settled when only people's work is left in the tree (a call
+        # waiting on a child stands for what the child waits on).
+        pending = [c for sid in store.tree(session_id) for c in store.pending_calls(sid)]
+        pending = [c for c in pending if c.state == CallState.DEFERRED or not c.meta.get("child")]
+    return bool(pending) and all(c.state == CallState.DEFERRED for c in pending)
+
+
+def step_done(event: dict[str, Any] | None, version: int, request: str) -> bool:
+    """The step published as `request` at `version` has an outcome (or the session ended)."""
+    if event is None:
+        return False
+    kind = event["type"]
+    if kind == "step_committed" and event.get("from_version") == version:
+        return True
+    if event.get("request") == request and kind in ("step_noop", "step_committed"):
+        return True
+    if event.get("request") == request and kind == "step_skipped" and event.get("reason") != "busy":
+        return True
+    return kind in ("failed", "cancelled")

@@ -1,0 +1,237 @@
+"""Who may talk to `agents serve`, and what every answer carries.
+
+One ASGI layer in front of every route decides, before a route runs: the bearer token (or the
+page's cookie derived from it) when `AGENTS_API_TOKEN` is set; loopback `Host` headers only when it
+is not (a page on another site cannot reach a token-less server through DNS rebinding); no
+state-changing request from another site; request bodies bounded. Every answer gets a strict
+Content-Security-Policy (no inline script, nothing from another origin) and its neighbours.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import json
+import secrets
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+from urllib.parse import urlsplit
+
+from celery_agents.errors import InvalidInput
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+AUTH_COOKIE = "agents_auth"
+CSRF_COOKIE = "agents_csrf"
+#: paths anyone may fetch: the login form and the page's own static files
+PUBLIC_PREFIXES = ("/login", "/static/", "/docs-assets/")
+#: paths that answer programs (JSON errors); every other path is the page (redirect to /login)
+API_PREFIXES = ("/v1/", "/metrics", "/openapi.json")
+
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+# Swagger UI sets inline styles; it still runs no inline script and loads nothing from elsewhere.
+DOCS_CSP = CSP.replace("style-src 'self'", "style-src 'self' 'unsafe-inline'")
+SECURITY_HEADERS = {
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+    "x-frame-options": "DENY",
+    "cross-origin-opener-policy": "same-origin",
+    "cross-origin-resource-policy": "same-origin",
+}
+_UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+def is_loopback(host: str) -> bool:
+    """`localhost` or a loopback IP literal (127.0.0.0/8, ::1)."""
+    host = host.strip().strip("[]").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, token: str | None) -> None:
+    """Without a token, `serve` listens on a loopback address only."""
+    if token is None and not is_loopback(host):
+        raise InvalidInput(
+            f"refusing to serve on {host!r} without AGENTS_API_TOKEN: anyone who reaches it could run agents "
+            "and complete calls. Set AGENTS_API_TOKEN to a long random secret, or serve on 127.0.0.1"
+        )
+
+
+def _host_of(header: str) -> str:
+    """The host part of a `Host` header (`[::1]:8765` → `::1`)."""
+    if header.startswith("["):
+        return header[1 : header.find("]")] if "]" in header else header
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+class Credentials:
+    """The API token, and the page cookie derived from it (the cookie never holds the token)."""
+
+    def __init__(self, token: str | None) -> None:
+        self.token = token
+        self.cookie = hmac.new(token.encode(), b"celery-agents page", hashlib.sha256).hexdigest() if token else None
+
+    @property
+    def required(self) -> bool:
+        return self.token is not None
+
+    def token_ok(self, given: str) -> bool:
+        return self.token is not None and hmac.compare_digest(given.encode(), self.token.encode())
+
+    def allows(self, headers: dict[str, str], cookies: dict[str, str]) -> bool:
+        if self.token is None:
+            return True
+        scheme, _, given = headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and self.token_ok(given.strip()):
+            return True
+        cookie = cookies.get(AUTH_COOKIE, "")
+        return bool(cookie) and self.cookie is not None and hmac.compare_digest(cookie.encode(), self.cookie.encode())
+
+
+def new_csrf_token() -> str:
+    return secrets.token_urlsafe(32)
+
+
+def csrf_ok(cookie: str | None, submitted: str | None) -> bool:
+    """Double-submit: the form's hidden field equals the page's SameSite=Strict cookie. Any
+    number of `serve` processes agree without sharing a secret."""
+    return bool(cookie) and bool(submitted) and hmac.compare_digest(str(cookie).encode(), str(submitted).encode())
+
+
+Answer = tuple[int, list[tuple[bytes, bytes]], bytes]
+
+
+def _json_response(status: int, code: str, message: str, extra: list[tuple[bytes, bytes]] | None = None) -> Answer:
+    body = json.dumps({"error": {"code": code, "message": message}}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    return status, headers + (extra or []), body
+
+
+class Guard:
+    """The ASGI layer described in the module docstring."""
+
+    def __init__(self, app: ASGIApp, credentials: Credentials, max_body_bytes: int) -> None:
+        self.app = app
+        self.credentials = credentials
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        refusal = self._refusal(scope, headers)
+        if refusal is None and scope["method"] in _UNSAFE_METHODS:
+            body, refusal = await self._read_body(headers, receive)
+            if refusal is None:
+                receive = _replay(body, receive)
+        if refusal is not None:
+            await _answer(send, *refusal, path=scope["path"])
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                _add_headers(message, scope["path"])
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+    def _refusal(self, scope: Scope, headers: dict[str, str]) -> Answer | None:
+        path: str = scope["path"]
+        host = headers.get("host", "")
+        if not self.credentials.required and not is_loopback(_host_of(host)):
+            return _json_response(
+                403, "forbidden", "this server answers loopback host names only (no AGENTS_API_TOKEN)"
+            )
+        if scope["method"] in _UNSAFE_METHODS and _cross_site(headers, host):
+            return _json_response(403, "forbidden", "requests from another site are refused")
+        if path.startswith(PUBLIC_PREFIXES) or self.credentials.allows(headers, _cookies(headers)):
+            return None
+        if path.startswith(API_PREFIXES) or "text/html" not in headers.get("accept", ""):
+            return _json_response(
+                401,
+                "unauthorized",
+                "give Authorization: Bearer <AGENTS_API_TOKEN>",
+                [(b"www-authenticate", b'Bearer realm="celery-agents"')],
+            )
+        return 303, [(b"location", b"/login"), (b"content-length", b"0")], b""
+
+    async def _read_body(self, headers: dict[str, str], receive: Receive) -> tuple[bytes, Answer | None]:
+        too_big = _json_response(413, "invalid_input", f"the request body is larger than {self.max_body_bytes} bytes")
+        declared = headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_body_bytes:
+            return b"", too_big
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                return b"", too_big
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return b"".join(chunks), None
+
+
+def _cross_site(headers: dict[str, str], host: str) -> bool:
+    """A browser says where a request comes from: another site may not change anything here."""
+    if headers.get("sec-fetch-site") == "cross-site":
+        return True
+    origin = headers.get("origin")
+    if origin is None:
+        return False
+    return origin == "null" or urlsplit(origin).netloc.lower() != host.lower()
+
+
+def _cookies(headers: dict[str, str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for part in headers.get("cookie", "").split(";"):
+        name, sep, value = part.strip().partition("=")
+        if sep:
+            out.setdefault(name, value)
+    return out
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+def _add_headers(message: Message, path: str) -> None:
+    have = {k.lower() for k, _ in message.get("headers", [])}
+    extra = dict(SECURITY_HEADERS)
+    extra["content-security-policy"] = DOCS_CSP if path == "/docs" else CSP
+    message["headers"] = list(message.get("headers", [])) + [
+        (k.encode(), v.encode()) for k, v in extra.items() if k.encode() not in have
+    ]
+
+
+async def _answer(send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes, *, path: str) -> None:
+    start: Message = {"type": "http.response.start", "status": status, "headers": headers}
+    _add_headers(start, path)
+    await send(start)
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,161 @@
+"""The boundary of `agents serve`, in process on the real Redis (no worker needed): the token,
+loopback only without it (bind address and Host header), no state change from another site, CSRF
+on the page's forms, bounded bodies, escaped output and the security headers on every answer."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from celery_agents import Client
+from celery_agents.config import Settings
+from celery_agents.web.app import create_app
+from celery_agents.web.security import check_bind, is_loopback
+from tests.cli.process import agents, cli_env
+from tests.scheduler.fakes import ScriptedLlm, llm_turn
+from tests.store.scenario import start, step, waiting_on
+
+TOKEN = "s3cret-token-for-tests"
+
+
+def app_for(settings: Settings, **overrides: Any) -> Any:
+    from dataclasses import replace
+
+    settings = replace(settings, **overrides)
+    return create_app(settings, Client(settings, inline=False))
+
+
+@pytest.fixture
+def open_page(settings: Settings) -> Iterator[TestClient]:
+    """The server without a token (loopback only), as a browser on 127.0.0.1 reaches it."""
+    with TestClient(app_for(settings), base_url="http://127.0.0.1:8765") as c:
+        yield c
+
+
+@pytest.fixture
+def locked(settings: Settings) -> Iterator[TestClient]:
+    with TestClient(app_for(settings, api_token=TOKEN), base_url="http://127.0.0.1:8765") as c:
+        yield c
+
+
+def csrf_of(page: str) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert found, "the page carries a CSRF field"
+    return found.group(1)
+
+
+def test_without_a_token_serve_refuses_an_address_other_than_loopback(redis_url: str, tmp_path: Any) -> None:
+    env = cli_env(redis_url, "nobind", home=tmp_path)
+    env.pop("AGENTS_API_TOKEN", None)
+    run = agents("serve", "--host", "0.0.0.0", "--port", "1", env=env)
+    assert run.returncode == 2
+    assert "AGENTS_API_TOKEN" in run.stderr
+    for host in ("127.0.0.1", "::1", "localhost", "127.0.0.2"):
+        assert is_loopback(host), host
+        check_bind(host, None)
+    for host in ("0.0.0.0", "192.168.1.4", "example.com", "::"):
+        assert not is_loopback(host), host
+        check_bind(host, TOKEN)  # with a token any address is fine
+
+
+def test_without_a_token_a_request_naming_another_host_is_refused(open_page: TestClient) -> None:
+    """A site that rebinds its name to 127.0.0.1 sends its own name as Host."""
+    r = open_page.get("/v1/sessions", headers={"Host": "attacker.example"})
+    assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden"
+    assert open_page.get("/v1/sessions").status_code == 200
+
+
+def test_a_request_from_another_site_changes_nothing(open_page: TestClient, settings: Settings) -> None:
+    agent = {"slug": "evil", "model": "openai/x", "tools": [{"name": "sh", "command": ["sh", "-c", "id"]}]}
+    body = {"agent": agent, "prompt": "run"}
+    for headers in ({"Origin": "https://attacker.example"}, {"Sec-Fetch-Site": "cross-site"}, {"Origin": "null"}):
+        r = open_page.post("/v1/sessions", json=body, headers=headers)
+        assert r.status_code == 403, headers
+    assert open_page.get("/v1/sessions").json() == {"sessions": []}
+    same = open_page.post("/v1/sessions", json=body, headers={"Origin": "http://127.0.0.1:8765"})
+    assert same.status_code == 201
+
+
+def test_the_page_asks_for_the_token_once_and_keeps_a_strict_httponly_cookie(locked: TestClient) -> None:
+    assert locked.get("/", headers={"Accept": "text/html"}, follow_redirects=False).headers["location"] == "/login"
+    form = locked.get("/login").text
+    wrong = locked.post("/login", data={"token": TOKEN + "x", "csrf": csrf_of(form)}, follow_redirects=False)
+    assert wrong.status_code == 401
+    r = locked.post("/login", data={"token": TOKEN, "csrf": csrf_of(form)}, follow_redirects=False)
+    assert r.status_code == 303
+    cookie = next(v for k, v in r.headers.multi_items() if k == "set-cookie" and v.startswith("agents_auth="))
+    assert "HttpOnly" in cookie and "SameSite=strict" in cookie.replace("Strict", "strict")
+    assert TOKEN not in cookie, "the cookie is derived from the token, not the token"
+    assert locked.get("/", headers={"Accept": "text/html"}).status_code == 200
+    assert locked.get("/v1/pending").status_code == 200, "the cookie also opens the API the page reads"
+
+
+def test_a_form_without_its_csrf_token_completes_nothing(open_page: TestClient, settings: Settings) -> None:
+    client = Client(settings, inline=False)
+    sid, calls = waiting_on(client.store, ("c1", "defer_t"))
+    token = calls[0].token
+    page = open_page.get("/").text
+    assert token in page
+    forged = open_page.post("/approve", data={"token": token, "csrf": "guess", "back": "/"}, follow_redirects=False)
+    assert forged.headers["location"] == "/?problem=csrf"
+    assert [p.token for p in client.pending(sid)] == [token], "still waiting"
+    ok = open_page.post(
+        "/approve",
+        data={"token": token, "csrf": csrf_of(page), "back": "https://attacker.example/"},
+        follow_redirects=False,
+    )
+    assert ok.headers["location"] == "/?done=approved", "a foreign `back` falls back to the page"
+    assert client.pending(sid) == []
+    client.close()
+
+
+def test_model_and_tool_text_is_escaped_on_the_page(open_page: TestClient, settings: Settings) -> None:
+    client = Client(settings, inline=False)
+    store = client.store
+    sid = start(store)
+    attack = '<script>window.pwned=1</script><img src=x onerror="window.pwned=2">'
+    step(
+        store,
+        sid,
+        llm=ScriptedLlm(llm_turn(("c1", "defer_t", json.dumps({"note": attack})), text=attack)),
+    )
+    step(store, sid)
+    for path in (f"/sessions/{sid}", f"/sessions/{sid}/live", "/"):
+        html = open_page.get(path).text
+        assert "<script>window" not in html and "<img src=x" not in html, path
+        assert "&lt;script&gt;window.pwned=1&lt;/script&gt;" in html, path
+    client.close()
+
+
+def test_every_answer_carries_a_strict_content_security_policy(open_page: TestClient) -> None:
+    for path in ("/", "/v1/sessions", "/login", "/static/page.js", "/nowhere"):
+        headers = open_page.get(path).headers
+        csp = headers["content-security-policy"]
+        assert "script-src 'self'" in csp and "unsafe-inline" not in csp.split("style-src")[0], path
+        assert "frame-ancestors 'none'" in csp
+        assert headers["x-content-type-options"] == "nosniff"
+    page = open_page.get("/").text
+    assert not re.search(r"<script(?![^>]*\bsrc=\"/static/)", page), "no inline script on the page"
+    assert not re.search(r"<[^>]+\son\w+=", page), "no event-handler attributes either"
+
+
+def test_a_body_larger_than_the_limit_is_refused_before_it_is_read(settings: Settings) -> None:
+    app = app_for(settings, max_prompt_bytes=1000, max_result_bytes=1000)
+    with TestClient(app, base_url="http://127.0.0.1") as c:
+        big = b"x" * (3 * 1024 * 1024)
+        r = c.post("/v1/sessions", content=big, headers={"content-type": "application/json"})
+        assert r.status_code == 413 and r.json()["error"]["code"] == "invalid_input"
+
+
+def test_redis_out_of_reach_is_503(settings: Settings) -> None:
+    from dataclasses import replace
+
+    gone = replace(settings, redis_url="redis://127.0.0.1:1/0")
+    with TestClient(create_app(gone, Client(gone, inline=False)), base_url="http://127.0.0.1") as c:
+        for r in (c.get("/v1/sessions"), c.get("/v1/pending"), c.get("/metrics")):
+            assert r.status_code == 503 and r.json()["error"]["code"] == "redis_unavailable"
