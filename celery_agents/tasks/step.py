@@ -45,6 +45,8 @@ def step(self: Any, session_id: str, expected_version: int, request: str = "") -
     )
     if result.outcome == "committed":
         checkpoint("after_commit", ctx.store, session_id)
+        if result.parent is not None:
+            checkpoint("child_committed", ctx.store, session_id)
     publish_after_step(Dispatcher(app), ctx.store, session_id, result)
     leave_if_outrun()
     return result.outcome
