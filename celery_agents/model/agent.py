@@ -755,7 +755,11 @@ def _with_sub_agents(data: dict[str, Any], source: str, chain: tuple[str, ...]) 
     for i, entry in enumerate(entries):
         where = f"{source}: {key}[{i}]"
         if isinstance(entry, str):
-            path = Path(data.get("baseDir") or ".") / entry
+            if not data.get("baseDir"):
+                raise InvalidAgentFile(
+                    f"{where}: a path needs an agent file to be relative to; give the sub-agent as an agent object"
+                )
+            path = Path(data["baseDir"]) / entry
             marker = f"file:{path.resolve()}"
             if marker in here:
                 raise InvalidAgentFile(f"{where}: {entry} is an agent that (transitively) delegates to itself")
