@@ -24,13 +24,9 @@ from typing import Any
 
 import redis
 
+from tests.support.redis_server import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def redis_server_binary() -> str:

@@ -78,12 +78,13 @@ class SessionFactory:
         ports = Ports(llm=Model(), tools=None, clock=SystemClock(), ids=SecureIds())  # type: ignore[arg-type]
         self.transitions = []
         for _ in range(2):
-            status, loaded = store.begin_step(sid, store.header(sid).version, "scale")
-            assert status == "ok", (status, loaded)
+            begun = store.begin_step(sid, store.header(sid).version, "scale")
+            loaded = begun.loaded
+            assert loaded is not None, begun
             snap = Snapshot(header=loaded.header, agent=self.agent, turns=loaded.turns, calls=loaded.calls)
             t = advance(snap, ports)
             self.transitions.append((t, loaded.header))
-            assert self._commit(sid, loaded.header, t)[0] == "ok"
+            assert self._commit(sid, loaded.header, t).outcome == "ok"
         assert store.header(sid).state.value == "waiting"
 
     def _commit(self, sid: str, header: Any, t: Any, calls: Any = None) -> Any:

@@ -26,6 +26,7 @@ from celery_agents.config import Settings
 from celery_agents.drivers import CeleryDriver, EventHook, InlineDriver, LocalRunners, Publisher, StepDriver
 from celery_agents.errors import InvalidInput, SessionNotAdvanceable, UnknownSession
 from celery_agents.model import (
+    FINAL_EVENTS,
     AgentSpec,
     CompletionOutcome,
     PendingCall,
@@ -118,11 +119,10 @@ class Client:
         return self.store.resolve(session_id)
 
     # -- views -------------------------------------------------------------------------------
-    def view(self, session_id: str, *, detail: bool = False, header: SessionHeader | None = None) -> SessionView:
+    def view(self, session_id: str, *, detail: bool = False) -> SessionView:
         """The contract's session view; `detail` adds the turns and every tracked call."""
-        session_id = header.session_id if header else self.resolve(session_id)
-        h = header or self.store.header(session_id)
-        view = self._views([h])[0]
+        session_id = self.resolve(session_id)
+        view = self._views([self.store.header(session_id)])[0]
         if detail:
             view.turns = [t.model_dump(mode="json") for t in self.store.turns(session_id)]
             view.calls = [c.model_dump(mode="json") for c in self.store.calls(session_id)]
@@ -188,7 +188,7 @@ class Client:
         if follow:
             for e in store.follow_events(session_id, after):
                 yield e
-                if e["type"] in _FINAL_EVENTS:
+                if e["type"] in FINAL_EVENTS:
                     return  # the session ended: nothing more will come
             return
         while True:
@@ -377,4 +377,3 @@ def check_prompt(query: UserQuery, max_bytes: int) -> None:
 
 _WHOLE_ID = re.compile(r"^[0-9a-f]{32}$")
 _FINISHED = FINISHED_STATES
-_FINAL_EVENTS = frozenset({"completed", "failed", "cancelled"})

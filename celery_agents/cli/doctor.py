@@ -6,6 +6,7 @@ import re
 from typing import Any
 
 from celery_agents.store import COMPLETIONS_GROUP, CompletionStream
+from celery_agents.store.keys import STORED_STATES
 from celery_agents.tasks.config import QUEUES
 from celery_agents.tasks.queues import QueueProbe
 
@@ -167,9 +168,7 @@ def diagnose(client: Any) -> dict[str, Any]:
     pending = int(r.zcard(k.pending_all))
     overdue = int(r.zcount(k.deadlines, "-inf", int(now * 1000)))
     rejected = int(r.xlen(k.rejected)) if r.exists(k.rejected) else 0
-    states = {
-        s: int(r.zcard(k.state_index(s))) for s in ("ready", "tools", "waiting", "completed", "failed", "cancelled")
-    }
+    states = {s: int(r.zcard(k.state_index(s))) for s in STORED_STATES}
     lapsed = _lapsed_leases(store, now - settings.owed_grace)
     served = {q for w in workers for q in w.get("queues", [])}
     unserved = {q: n for q, n in queues.items() if n and q not in served}

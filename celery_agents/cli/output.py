@@ -12,7 +12,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, cast
 
-from celery_agents.model import CompletionOutcome, PendingCall, SessionView
+from celery_agents.model import CompletionOutcome, EventType, PendingCall, SessionView
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -125,7 +125,7 @@ def render_view(view: SessionView, console: Console | None = None, answer: bool 
         console.print(f"  fix the cause, then: agents session resume {view.session_id}")
     if answer and view.response is not None and view.state.value == "completed":
         console.print(f"[green]answer:[/] {escape(view.response)}")
-    elif view.state.value in ("ready", "tools") and view.drive == "manual":
+    elif view.state.owes_step and view.drive == "manual":
         console.print(f"  next: agents session step {view.session_id}   (or resume to run it through)")
 
 
@@ -241,40 +241,40 @@ def event_text(e: dict[str, Any]) -> str | None:
     read (a skipped duplicate step, a step that found nothing to do). Outside text is printable."""
     kind, version = e.get("type", ""), e.get("version", 0)
     tool = printable(str(e.get("tool", "")))
-    if kind == "session_started":
+    if kind == EventType.SESSION_STARTED:
         return f"session started ({printable(str(e.get('agent', '')))}, {e.get('drive', 'manual')} drive)"
-    if kind == "step_started":
+    if kind == EventType.STEP_STARTED:
         return f"step {version} started"
-    if kind == "llm_called":
+    if kind == EventType.LLM_CALLED:
         n = int(e.get("tool_calls") or 0)
         tokens = (e.get("usage") or {}).get("total_tokens")
         used = f", {tokens} tokens" if tokens else ""
         asked = f"asked for {n} tool call{'s' if n != 1 else ''}" if n else "answered"
         # Emitted by the commit, which already carries the step's new version.
         return f"step {max(int(version) - 1, 1)}: the model {asked}{used}"
-    if kind == "tool_dispatched":
+    if kind == EventType.TOOL_DISPATCHED:
         return f"{tool} running ({e.get('disposition', '')})"
-    if kind == "tool_finished":
+    if kind == EventType.TOOL_FINISHED:
         state = e.get("state", "")
         word = "done" if state == "completed" else state
         return f"{tool} {word}{_seconds(e.get('duration_ms'))}"
-    if kind == "token_created":
+    if kind == EventType.TOKEN_CREATED:
         reason = f": {printable(str(e['reason']))}" if e.get("reason") else ""
         return f"waiting on a person for {tool}{reason}"
-    if kind == "token_completed":
+    if kind == EventType.TOKEN_COMPLETED:
         by = f" by {printable(str(e['by']))}" if e.get("by") else ""
         what = "an outside error" if e.get("error") else "an outside result"
         return f"{what} arrived{by}"
-    if kind == "token_expired":
+    if kind == EventType.TOKEN_EXPIRED:
         return f"call {printable(str(e.get('call_id', '')))}: its deadline passed without a result"
-    if kind == "token_rejected":
+    if kind == EventType.TOKEN_REJECTED:
         by = f" from {printable(str(e['by']))}" if e.get("by") else ""
         return f"a completion{by} was refused: token {printable(str(e.get('reason', '')))}"
-    if kind == "completed":
+    if kind == EventType.COMPLETED:
         return "session completed"
-    if kind == "failed":
+    if kind == EventType.FAILED:
         return f"session failed: {printable(str(e.get('message', '')))}"
-    if kind in ("paused", "resumed", "cancelled"):
+    if kind in (EventType.PAUSED, EventType.RESUMED, EventType.CANCELLED):
         return f"session {kind}"
     return None
 

@@ -10,12 +10,19 @@ from collections.abc import Callable
 from typing import Any
 
 from celery_agents.cli.output import err_console, escape, event_text, printable
+from celery_agents.model import STEP_OWING_STATES, EventType
 
 #: For a session id, its deferred calls' tokens by call id (looked up when a token is created).
 TokenLookup = Callable[[str], dict[str, str]]
 
 # Events that change nothing a person follows: steps that found nothing to do, duplicates skipped.
-_QUIET = {"step_committed", "step_noop", "step_skipped", "step_started", "session_started"}
+_QUIET = {
+    EventType.STEP_COMMITTED,
+    EventType.STEP_NOOP,
+    EventType.STEP_SKIPPED,
+    EventType.STEP_STARTED,
+    EventType.SESSION_STARTED,
+}
 
 
 class Progress:
@@ -64,24 +71,24 @@ class Progress:
     def __call__(self, e: dict[str, Any]) -> None:
         kind, version = e.get("type", ""), e.get("version", 0)
         status = self._next
-        if kind == "step_committed":
+        if kind == EventType.STEP_COMMITTED:
             # What the next step will do, from the state this one left.
             state = str(e.get("state"))
             self._next = {
                 "ready": f"step {version}: the model is thinking…",
                 "tools": f"step {version}: running the tools the model asked for…",
             }.get(state, "waiting for the calls still running…")
-            status = self._waiting(version) if state in ("ready", "tools") else self._next
+            status = self._waiting(version) if state in STEP_OWING_STATES else self._next
         text = event_text(e)
         if text is None or kind in _QUIET:
             self._update(status)
             return
-        if kind == "token_created":
+        if kind == EventType.TOKEN_CREATED:
             text += self._token_hint(str(e.get("call_id", "")))
         self._say(text)
-        if kind == "tool_dispatched":
+        if kind == EventType.TOOL_DISPATCHED:
             self._update(f"waiting for {printable(str(e.get('tool', '')))}…")
-        elif kind == "token_created":
+        elif kind == EventType.TOKEN_CREATED:
             self._update(text)
         else:
             self._update(self._next)

@@ -11,7 +11,7 @@ from typing import Any
 
 from celery_agents.drivers.base import EventHook, Publisher, replay
 from celery_agents.errors import WaitTimeout
-from celery_agents.model import CallState, State, Status, TrackedCall
+from celery_agents.model import CallState, EventType, Status, TrackedCall
 from celery_agents.store import Finished, Store
 
 Done = Callable[[dict[str, Any] | None], bool]
@@ -19,15 +19,15 @@ Done = Callable[[dict[str, Any] | None], bool]
 #: events after which a driven session may have settled (looked at again when one arrives)
 _SETTLING_EVENTS = frozenset(
     {
-        "step_committed",
-        "step_noop",
-        "step_skipped",
-        "failed",
-        "cancelled",
-        "paused",
-        "tool_finished",
-        "token_completed",
-        "token_expired",
+        EventType.STEP_COMMITTED,
+        EventType.STEP_NOOP,
+        EventType.STEP_SKIPPED,
+        EventType.FAILED,
+        EventType.CANCELLED,
+        EventType.PAUSED,
+        EventType.TOOL_FINISHED,
+        EventType.TOKEN_COMPLETED,
+        EventType.TOKEN_EXPIRED,
     }
 )
 
@@ -129,7 +129,7 @@ def settled(store: Store, session_id: str, event: dict[str, Any] | None) -> bool
         return True
     if store.lease_holder(session_id):
         return False
-    if h.state in (State.READY, State.TOOLS):
+    if h.state.owes_step:
         return h.drive != "auto"
     pending = store.pending_calls(session_id)
     if not pending:
@@ -149,10 +149,10 @@ def step_done(event: dict[str, Any] | None, version: int, request: str) -> bool:
     if event is None:
         return False
     kind = event["type"]
-    if kind == "step_committed" and event.get("from_version") == version:
+    if kind == EventType.STEP_COMMITTED and event.get("from_version") == version:
         return True
-    if event.get("request") == request and kind in ("step_noop", "step_committed"):
+    if event.get("request") == request and kind in (EventType.STEP_NOOP, EventType.STEP_COMMITTED):
         return True
-    if event.get("request") == request and kind == "step_skipped" and event.get("reason") != "busy":
+    if event.get("request") == request and kind == EventType.STEP_SKIPPED and event.get("reason") != "busy":
         return True
-    return kind in ("failed", "cancelled")
+    return kind in (EventType.FAILED, EventType.CANCELLED)

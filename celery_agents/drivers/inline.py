@@ -56,7 +56,7 @@ class InlineDriver:
         self._run_orphaned_calls(session_id)
         while True:
             h = store.header(session_id)
-            if h.status != Status.ACTIVE or h.drive != "auto" or h.state not in (State.READY, State.TOOLS):
+            if h.status != Status.ACTIVE or h.drive != "auto" or not h.state.owes_step:
                 break
             outcome = self._step(session_id, h.version)
             after = replay(store, session_id, after, on_event)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from celery_agents.backoff import exponential_backoff
 from celery_agents.llm.demo import register_demo_model
 from celery_agents.llm.errors import classify
 from celery_agents.model import LlmTurn, ToolCall, Usage
@@ -106,7 +107,7 @@ class RetryPolicy:
         )
 
     def delay(self, attempt: int, retry_after: float | None) -> float:
-        computed = random.uniform(0, min(self.max_backoff, self.backoff * (2 ** (attempt - 1))))
+        computed = random.uniform(0, exponential_backoff(self.backoff, attempt, self.max_backoff))
         if retry_after is not None:
             return min(max(retry_after, computed), self.max_backoff)
         return computed

@@ -493,6 +493,11 @@ class AgentSpec(_Spec):
                 return t
         return None
 
+    def no_tool_named(self, name: str) -> str:
+        """What the model is told when it calls a tool this agent does not have."""
+        names = ", ".join([t.name for t in self.tools] + list(self.sub_agent_tools)) or "none"
+        return f"there is no tool named {name!r}; the tools are: {names}"
+
     def to_json(self) -> str:
         """Canonical JSON (sorted keys), the form stored in Redis and hashed."""
         return json.dumps(
@@ -798,6 +803,11 @@ def _with_toolbox_tools(data: dict[str, Any], source: str) -> dict[str, Any]:
         tools.extend(t for t in found if t["name"] not in declared)
         declared.update(t["name"] for t in found)
     return {**data, "tools": tools}
+
+
+def arguments_not_an_object(tool: str) -> str:
+    """What the model is told when a call's arguments are JSON but not an object."""
+    return f"the arguments of {tool} must be a JSON object"
 
 
 def load_agent_file(path: str | Path, _chain: tuple[str, ...] = ()) -> AgentSpec:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -28,6 +28,9 @@ class CallState(StrEnum):
 
 _FINAL = {CallState.COMPLETED, CallState.FAILED, CallState.CANCELLED, CallState.EXPIRED}
 FINAL_STATES = frozenset(s.value for s in _FINAL)
+#: what running a call can end in (`scheduler.ports.CallOutcome.state`): the values of
+#: `CallState.COMPLETED` and `CallState.FAILED`
+OutcomeState = Literal["completed", "failed"]
 
 
 class TrackedCall(BaseModel):
@@ -51,7 +54,6 @@ class TrackedCall(BaseModel):
     result: Any = None
     error: str | None = None
     token: str | None = None
-    task_id: str | None = None
     attempts: int = 0
     created_at: float = 0.0
     started_at: float | None = None

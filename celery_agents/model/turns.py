@@ -1,8 +1,8 @@
 """Turns of a session's transcript, oldest first, as a discriminated union on `kind`.
 
-`UserTurn` and `LlmTurn` are appended and never rewritten. `PartialUserTurn` is the view of the
-tracked calls of the newest `LlmTurn` while some are unfinished; it becomes a `UserTurn` once all
-of them are final.
+`UserTurn` and `LlmTurn` are appended and never rewritten. While some tracked calls of the newest
+`LlmTurn` are unfinished the session's head reads `PartialUserTurn` (a name only: the calls are
+the ledger's); a `UserTurn` answering them is appended once all of them are final.
 """
 
 from __future__ import annotations
@@ -10,8 +10,6 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-
-from celery_agents.model.calls import TrackedCall
 
 
 class _Model(BaseModel):
@@ -95,10 +93,4 @@ class LlmTurn(_Model):
     duration_ms: float | None = None
 
 
-class PartialUserTurn(_Model):
-    kind: Literal["PartialUserTurn"] = "PartialUserTurn"
-    calls: list[TrackedCall] = Field(default_factory=list)
-
-
-Turn = Annotated[UserTurn | LlmTurn | PartialUserTurn, Field(discriminator="kind")]
 StoredTurn = Annotated[UserTurn | LlmTurn, Field(discriminator="kind")]

@@ -69,10 +69,7 @@ def run_call(store: Store, session_id: str, field: str, tools: ToolPort, owner: 
         with LeaseKeeper(store, lease_key, owner, still_wanted=still_wanted) as keeper, cancellable(keeper.cancel):
             outcome = tools.run(agent, session_id, call.model_copy(update={"started_at": started}))
         outcome = bound_outcome(outcome, store.settings.max_result_bytes)
-        state = CallState.COMPLETED if outcome.state == "completed" else CallState.FAILED
-        meta = dict(outcome.meta)
-        if outcome.media:
-            meta["media"] = [m.model_dump() for m in outcome.media]
+        state, meta = outcome.call_state, outcome.stored_meta()
         body = outcome_json(
             state,
             result=outcome.result,

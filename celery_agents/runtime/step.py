@@ -13,22 +13,32 @@ from dataclasses import dataclass, field
 import redis
 
 from celery_agents.errors import RedisUnavailable, UntrustedSpec
-from celery_agents.model import ErrorInfo, SessionHeader, State, TrackedCall, UserQuery
+from celery_agents.model import ErrorInfo, ScriptOutcome, SessionHeader, State, StepOutcome, TrackedCall, UserQuery
 from celery_agents.runtime.lease import LeaseKeeper
 from celery_agents.runtime.ports import Fence, JournaledLlm, JournaledTools, RedisClock, SecureIds
 from celery_agents.scheduler import Ports, Snapshot, Transition, advance
 from celery_agents.scheduler.ports import Clock, Ids, LlmPort, ToolPort
-from celery_agents.store import LeaseLost, Loaded, Store
+from celery_agents.store import LeaseLost, Store
 from celery_agents.store.commit import commit_record
+from celery_agents.store.records import Begun, Committed, Loaded
 
 log = logging.getLogger("celery_agents.step")
+
+#: a script's refusal as the step outcome it means
+_STEP_OUTCOMES: dict[ScriptOutcome, StepOutcome] = {
+    "stale": "stale",
+    "busy": "busy",
+    "ended": "ended",
+    "missing": "missing",
+    "lost_lease": "lost",
+}
 
 
 @dataclass
 class StepResult:
-    """What a step did. `outcome`: committed, waiting, noop, stale, busy, ended, missing, lost, failed."""
+    """What a step did."""
 
-    outcome: str
+    outcome: StepOutcome
     version: int = 0
     state: State | None = None
     dispatch: list[TrackedCall] = field(default_factory=list)
@@ -51,11 +61,10 @@ def run_step(
     clock: Clock | None = None,
     ids: Ids | None = None,
 ) -> StepResult:
-    status, loaded = store.begin_step(session_id, version, owner, request)
-    if status != "ok":
-        assert isinstance(loaded, str)
-        return StepResult(outcome=status, version=int(loaded) if status == "stale" and loaded.isdigit() else version)
-    assert isinstance(loaded, Loaded)
+    begun = store.begin_step(session_id, version, owner, request)
+    loaded = begun.loaded
+    if loaded is None:
+        return _refused(begun, version)
     header = loaded.header
     try:
         with LeaseKeeper(store, store.keys.lease(session_id), owner) as keeper:
@@ -99,16 +108,16 @@ def run_step(
     if not t.commit:
         store.end_step(session_id, owner, request, t.kind)
         return StepResult(outcome="waiting" if t.kind == "wait" else "noop", version=version, state=t.state)
-    res, new_version, owed = commit_transition(store, header, owner, t, request=request)
-    if res != "ok":
-        log.info("step of session %s at version %s not committed: %s", session_id, version, res)
-        return StepResult(outcome="lost" if res == "lost_lease" else res, version=version)
+    done = commit_transition(store, header, owner, t, request=request)
+    if done.outcome != "ok":
+        log.info("step of session %s at version %s not committed: %s", session_id, version, done.outcome)
+        return StepResult(outcome=_STEP_OUTCOMES.get(done.outcome, "lost"), version=version)
     return StepResult(
         outcome="committed",
-        version=new_version,
+        version=done.version,
         state=t.state,
         dispatch=t.dispatch,
-        owed=owed,
+        owed=done.owed,
         llm_reused=journaled_llm.reused,
         parent=header.parent,
     )
@@ -135,9 +144,17 @@ def commit_transition(
     request: str = "",
     calls: list[TrackedCall] | None = None,
     now: float | None = None,
-) -> tuple[str, int, bool]:
+) -> Committed:
     """Commit what `advance` decided, at `header.version`; returns what `Store.commit` does."""
     return store.commit(commit_record(header, owner, t, request=request, calls=calls), now=now)
+
+
+def _refused(begun: Begun, version: int) -> StepResult:
+    """A step `begin_step` refused: at a stale version, it reports the session's current one."""
+    outcome = _STEP_OUTCOMES.get(begun.outcome, "missing")
+    if outcome == "stale" and begun.detail.isdigit():
+        return StepResult(outcome=outcome, version=int(begun.detail))
+    return StepResult(outcome=outcome, version=version)
 
 
 def _safe_end(store: Store, session_id: str, owner: str, request: str, reason: str, keep_owed: bool) -> None:

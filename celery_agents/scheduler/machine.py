@@ -22,6 +22,7 @@ from celery_agents.model import (
     AgentSpec,
     CallState,
     ErrorInfo,
+    EventType,
     LlmTurn,
     Media,
     SessionHeader,
@@ -33,6 +34,7 @@ from celery_agents.model import (
     Usage,
     UserQuery,
     UserTurn,
+    arguments_not_an_object,
     child_session_id,
 )
 from celery_agents.scheduler.messages import build_messages
@@ -54,7 +56,7 @@ class Snapshot:
 
 @dataclass
 class Event:
-    type: str
+    type: EventType
     data: dict[str, Any] = field(default_factory=dict)
 
 
@@ -147,7 +149,7 @@ def _fail(
         state=State.FAILED,
         status=Status.FAILED,
         error=error,
-        events=[Event("failed", {"code": error.code, "message": error.message})],
+        events=[Event(EventType.FAILED, {"code": error.code, "message": error.message})],
     )
 
 
@@ -189,7 +191,7 @@ def _call_model_on(snap: Snapshot, ports: Ports, folded: UserTurn | None) -> Tra
         return _fail("llm", ErrorInfo(code=exc.code, message=exc.message, transient=exc.transient), head_before, prefix)
     turn = _normalise_call_ids(turn, ports)
     event = Event(
-        "llm_called",
+        EventType.LLM_CALLED,
         {
             "model": turn.model,
             "tool_calls": len(turn.tool_calls),
@@ -205,7 +207,7 @@ def _call_model_on(snap: Snapshot, ports: Ports, folded: UserTurn | None) -> Tra
             status=Status.COMPLETED,
             response=turn.text or "",
             usage=turn.usage,
-            events=[event, Event("completed", {})],
+            events=[event, Event(EventType.COMPLETED, {})],
         )
     return Transition(
         kind="llm", new_turns=[*prefix, turn], head="LlmTurn", state=State.TOOLS, usage=turn.usage, events=[event]
@@ -235,7 +237,7 @@ def _normalise_call_ids(turn: LlmTurn, ports: Ports) -> LlmTurn:
     return turn.model_copy(update={"tool_calls": fixed}) if changed else turn
 
 
-def _parse_arguments(raw: str) -> tuple[Any, str | None]:
+def _parse_arguments(tool: str, raw: str) -> tuple[Any, str | None]:
     if not raw.strip():
         return {}, None
     try:
@@ -243,7 +245,7 @@ def _parse_arguments(raw: str) -> tuple[Any, str | None]:
     except json.JSONDecodeError as exc:
         return raw, f"the arguments are not valid JSON ({exc.msg} at character {exc.pos}); send a JSON object"
     if not isinstance(value, dict):
-        return value, "the arguments must be a JSON object"
+        return value, arguments_not_an_object(tool)
     return value, None
 
 
@@ -255,7 +257,7 @@ def _run_tools(snap: Snapshot, turn: LlmTurn, ports: Ports) -> Transition:
     events: list[Event] = []
     for position, tc in enumerate(turn.tool_calls):
         disp = disposition_for(agent, tc.name)
-        args, arg_error = _parse_arguments(tc.arguments)
+        args, arg_error = _parse_arguments(tc.name, tc.arguments)
         call = TrackedCall(
             call_id=tc.id,
             tool=tc.name,
@@ -275,14 +277,7 @@ def _run_tools(snap: Snapshot, turn: LlmTurn, ports: Ports) -> Transition:
         if position >= agent.max_tool_calls_per_turn:
             call = _finish(call, CallOutcome(state="failed", attempts=0, error=_too_many(turn, agent)), now)
         elif tool is None and sub is None:
-            names = ", ".join([t.name for t in agent.tools] + list(agent.sub_agent_tools)) or "none"
-            call = _finish(
-                call,
-                CallOutcome(
-                    state="failed", attempts=0, error=f"there is no tool named {tc.name!r}; the tools are: {names}"
-                ),
-                now,
-            )
+            call = _finish(call, CallOutcome(state="failed", attempts=0, error=agent.no_tool_named(tc.name)), now)
         elif arg_error is not None:
             call = _finish(call, CallOutcome(state="failed", attempts=0, error=arg_error), now)
         elif disp.tag == "defer":
@@ -295,12 +290,14 @@ def _run_tools(snap: Snapshot, turn: LlmTurn, ports: Ports) -> Transition:
                 }
             )
             events.append(
-                Event("token_created", {"call_id": call.call_id, "tool": call.tool, "reason": call.reason or ""})
+                Event(
+                    EventType.TOKEN_CREATED, {"call_id": call.call_id, "tool": call.tool, "reason": call.reason or ""}
+                )
             )
         elif disp.tag in ("runAsync", "runIsolated"):
             call = call.model_copy(update={"state": CallState.RUNNING})
             events.append(
-                Event("tool_dispatched", {"call_id": call.call_id, "tool": call.tool, "disposition": disp.tag})
+                Event(EventType.TOOL_DISPATCHED, {"call_id": call.call_id, "tool": call.tool, "disposition": disp.tag})
             )
         calls.append(call)
     # runSync calls run inline, in the model's call order.
@@ -311,7 +308,7 @@ def _run_tools(snap: Snapshot, turn: LlmTurn, ports: Ports) -> Transition:
             calls[i] = _finish(call.model_copy(update={"started_at": started}), outcome, ports.clock.now())
             events.append(
                 Event(
-                    "tool_finished",
+                    EventType.TOOL_FINISHED,
                     {
                         "call_id": call.call_id,
                         "tool": call.tool,
@@ -352,11 +349,8 @@ def _too_many(turn: LlmTurn, agent: AgentSpec) -> str:
 
 
 def _finish(call: TrackedCall, outcome: CallOutcome, now: float) -> TrackedCall:
-    state = CallState.COMPLETED if outcome.state == "completed" else CallState.FAILED
-    meta = dict(call.meta)
-    meta.update(outcome.meta)
-    if outcome.media:
-        meta["media"] = [m.model_dump() for m in outcome.media]
+    state = outcome.call_state
+    meta = {**call.meta, **outcome.stored_meta()}
     return call.model_copy(
         update={
             "state": state,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from celery_agents.model import AgentSpec, LlmTurn, Media, TrackedCall
+from celery_agents.model import AgentSpec, CallState, LlmTurn, Media, OutcomeState, TrackedCall
 
 
 @dataclass(frozen=True)
@@ -40,9 +40,9 @@ class LlmPort(Protocol):
 
 @dataclass
 class CallOutcome:
-    """What executing one tool call produced. `state` is `completed` or `failed`."""
+    """What executing one tool call produced."""
 
-    state: str
+    state: OutcomeState
     result: Any = None
     error: str | None = None
     duration_ms: float | None = None
@@ -50,6 +50,17 @@ class CallOutcome:
     attempts: int = 1
     media: list[Media] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def call_state(self) -> CallState:
+        return CallState(self.state)
+
+    def stored_meta(self) -> dict[str, Any]:
+        """`meta` as a call stores it: with the media the tool returned under `media`."""
+        meta = dict(self.meta)
+        if self.media:
+            meta["media"] = [m.model_dump() for m in self.media]
+        return meta
 
 
 class ToolPort(Protocol):

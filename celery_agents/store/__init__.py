@@ -3,10 +3,12 @@
 Nothing here knows about Celery or the model.
 """
 
-from celery_agents.store.connection import broker_url, client_for_url
+from celery_agents.store.connection import broker_url, client_for_url, state_url
 from celery_agents.store.embedded import EmbeddedRedis
 from celery_agents.store.keys import FINISHED_STATES, Keys
 from celery_agents.store.store import (
+    Begun,
+    Committed,
     Finished,
     LeaseLost,
     Loaded,
@@ -23,6 +25,8 @@ from celery_agents.store.stream import COMPLETIONS_GROUP, CompletionStream, Grou
 __all__ = [
     "COMPLETIONS_GROUP",
     "FINISHED_STATES",
+    "Begun",
+    "Committed",
     "CompletionStream",
     "EmbeddedRedis",
     "Finished",
@@ -40,4 +44,5 @@ __all__ = [
     "new_token",
     "outcome_json",
     "parse_token",
+    "state_url",
 ]

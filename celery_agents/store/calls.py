@@ -6,15 +6,8 @@ import json
 import time
 from typing import Any, cast
 
-from celery_agents.errors import (
-    TOKEN_ERRORS,
-    UnknownToken,
-)
-from celery_agents.model import (
-    CallState,
-    CompletionOutcome,
-    TrackedCall,
-)
+from celery_agents.errors import TOKEN_ERRORS, UnknownToken
+from celery_agents.model import CallState, CompletionOutcome, TrackedCall
 from celery_agents.store.codec import merge_outcome, outcome_json, token_message
 from celery_agents.store.core import StoreCore
 from celery_agents.store.ids import check_session_id, parse_token
@@ -102,13 +95,6 @@ class CallStore(StoreCore):
             approximate=True,
         )
 
-    def token_info(self, token: str) -> dict[str, str]:
-        sid, secret = parse_token(token)
-        data = cast("dict[str, str]", self.client.hgetall(self.keys.token(sid, secret)))
-        if not data:
-            raise UnknownToken(token_message("unknown", token), token=token)
-        return data
-
     def expire_call(self, session_id: str, field: str, now: float | None = None) -> Finished:
         """Expire a deferred call if its deadline has passed by Redis's clock (or by `now`)."""
         raw = self.client.hget(self.keys.calls(session_id), field)
@@ -129,7 +115,7 @@ class CallStore(StoreCore):
             now=now,
         )
         if res[0] != "ok":
-            return Finished(status=str(res[0]))
+            return Finished(status=res[0])
         return Finished(status="ok", remaining=int(res[1]), woken=bool(res[2]), version=int(res[3]))
 
     def due_deadlines(self, now: float, limit: int = 100) -> list[tuple[str, str]]:

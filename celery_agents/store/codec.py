@@ -8,14 +8,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from celery_agents.model import (
-    CallState,
-    LlmTurn,
-    PendingCall,
-    StoredTurn,
-    TrackedCall,
-    UserTurn,
-)
+from celery_agents.model import CallState, LlmTurn, PendingCall, StoredTurn, TrackedCall, UserTurn
 
 STORED_TURN: TypeAdapter[UserTurn | LlmTurn] = TypeAdapter(StoredTurn)
 

@@ -1,5 +1,5 @@
-"""A step's commit as one record: built once from what the scheduler decided, serialised once as
-the JSON `lua/commit_step.lua` reads.
+"""A step's commit as one record: built once from what the scheduler decided, serialised once for
+`lua/commit_step.lua` (`to_args`).
 
 The header fields a step sets travel as their hash text (`header.header_to_hash` of the header
 after the step), so a new header field reaches Redis without touching the script.
@@ -58,14 +58,19 @@ class CommitRecord:
         """The deferred calls whose tokens the commit creates, in the order of their keys."""
         return [c for c in self.calls if c.state == CallState.DEFERRED and c.token]
 
-    def to_json(self) -> str:
+    def to_args(self) -> list[str]:
+        """The script's arguments: the record as JSON, then each new turn's JSON and each call's,
+        verbatim (not escaped into the record: they are most of its bytes)."""
+        return [self._control(), *self.turn_jsons, *(c.model_dump_json(exclude_defaults=True) for c in self.calls)]
+
+    def _control(self) -> str:
         body: dict[str, Any] = {
             "version": str(self.version),
             "owner": self.owner,
             "kind": self.kind,
             "request": self.request,
-            "turns": list(self.turn_jsons),
-            "calls": [[c.field, c.model_dump_json(exclude_defaults=True)] for c in self.calls],
+            "n_turns": len(self.turn_jsons),
+            "calls": [c.field for c in self.calls],
             "meta": dict(self.meta),
             "state": self.state.value,
             "steps_inc": self.steps_inc,

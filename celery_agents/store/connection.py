@@ -23,11 +23,14 @@ def client_for_url(url: str) -> redis.Redis:
     )
 
 
+def state_url(settings: Settings) -> str:
+    """The Redis that holds sessions: `AGENTS_REDIS_URL`, else the embedded one's unix socket."""
+    return settings.redis_url or EmbeddedRedis(settings.home).url
+
+
 def broker_url(settings: Settings) -> str:
-    """The Celery broker: `AGENTS_BROKER_URL`, else the state Redis (embedded: its unix socket)."""
+    """The Celery broker: `AGENTS_BROKER_URL`, else the state Redis (a unix socket as kombu names it)."""
     if settings.broker_url:
         return settings.broker_url
-    if settings.redis_url:
-        url = settings.redis_url
-        return "redis+socket://" + url[len("unix://") :] if url.startswith("unix://") else url
-    return EmbeddedRedis(settings.home).broker_url
+    url = state_url(settings)
+    return "redis+socket://" + url[len("unix://") :] if url.startswith("unix://") else url

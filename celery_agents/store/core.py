@@ -13,16 +13,8 @@ import redis
 from redis.lock import Lock
 
 from celery_agents.config import Settings
-from celery_agents.errors import (
-    RedisUnavailable,
-    UnknownSession,
-    UntrustedSpec,
-)
-from celery_agents.model import (
-    AgentSpec,
-    SessionHeader,
-    TrackedCall,
-)
+from celery_agents.errors import RedisUnavailable, UnknownSession, UntrustedSpec
+from celery_agents.model import AgentSpec, SessionHeader, TrackedCall
 from celery_agents.store.codec import unfinished_rows
 from celery_agents.store.header import header_from_hash
 from celery_agents.store.ids import check_session_id

@@ -64,10 +64,6 @@ class EmbeddedRedis:
     def url(self) -> str:
         return f"unix://{self.socket}"
 
-    @property
-    def broker_url(self) -> str:
-        return f"redis+socket://{self.socket}"
-
     def _answering(self) -> bool:
         if not self.socket.exists():
             return False

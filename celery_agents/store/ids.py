@@ -6,10 +6,7 @@ import re
 import secrets
 import uuid
 
-from celery_agents.errors import (
-    UnknownSession,
-    UnknownToken,
-)
+from celery_agents.errors import UnknownSession, UnknownToken
 
 SESSION_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 

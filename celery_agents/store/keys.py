@@ -6,17 +6,22 @@ Scripts receive their keys in `KEYS` in the fixed order of `session_keys` + `glo
 
 from __future__ import annotations
 
+from celery_agents.model import State
+
 SESSION_KEY_NAMES = ("meta", "turns", "calls", "results", "pending", "journal", "events", "lease", "inbox", "children")
-STORED_STATES = ("ready", "tools", "waiting", "completed", "failed", "cancelled")
+#: the shared keys a session script gets after the session's (then one index per stored state)
+SHARED_KEY_NAMES = ("sessions", "pending_all", "deadlines", "owed", "dispatched")
+#: the states a session is stored in, each with its index (`running` is only ever shown)
+STORED_STATES = tuple(s.value for s in State if s is not State.RUNNING)
 #: the states of a session that no longer runs: the ones `delete` and `purge` take
-FINISHED_STATES = ("completed", "failed", "cancelled")
-GLOBAL_KEY_NAMES = (
-    "sessions",
-    "pending_all",
-    "deadlines",
-    "owed",
-    "dispatched",
+FINISHED_STATES = (State.COMPLETED.value, State.FAILED.value, State.CANCELLED.value)
+#: a session script's KEYS by name, in order (`script_keys`); `_lib.lua`'s `K`, `STATE_KEYS` and
+#: `NKEYS` are checked against it (tests/store/test_lua_contract.py)
+SCRIPT_KEY_NAMES = (
+    *SESSION_KEY_NAMES,
+    *SHARED_KEY_NAMES,
     *(f"state:{s}" for s in STORED_STATES),
+    "request",
 )
 
 
@@ -136,9 +141,8 @@ class Keys:
         return f"{self.prefix}:ids"
 
     def global_keys(self) -> list[str]:
-        return [self.sessions, self.pending_all, self.deadlines, self.owed, self.dispatched] + [
-            self.state_index(s) for s in STORED_STATES
-        ]
+        shared: list[str] = [getattr(self, name) for name in SHARED_KEY_NAMES]
+        return shared + [self.state_index(s) for s in STORED_STATES]
 
     def script_keys(self, sid: str, request_id: str, *extra: str) -> list[str]:
         """A session script's keys: the session's, the shared ones, the call's request key, extras."""

@@ -5,14 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
-from celery_agents.model import (
-    LlmTurn,
-    PendingCall,
-    SessionHeader,
-    TrackedCall,
-    UserQuery,
-    UserTurn,
-)
+from celery_agents.model import LlmTurn, PendingCall, ScriptOutcome, SessionHeader, TrackedCall, UserQuery, UserTurn
 
 
 class LeaseLost(Exception):
@@ -43,11 +36,33 @@ class Live(NamedTuple):
     children: list[str]
 
 
+@dataclass(frozen=True)
+class Begun:
+    """What `begin_step` did: `outcome` "ok" with the session `loaded`, or a refusal ("stale",
+    "busy", "ended", "missing") with its `detail`: the current version, the lease holder, the
+    status."""
+
+    outcome: ScriptOutcome
+    loaded: Loaded | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Committed:
+    """What `commit` did: `outcome` "ok" with the session's new `version` and whether the next
+    step is `owed`, or a refusal ("stale", "ended", "lost_lease", "missing")."""
+
+    outcome: ScriptOutcome
+    version: int = 0
+    owed: bool = False
+
+
 @dataclass
 class Finished:
-    """What recording a call's outcome did."""
+    """What recording a call's outcome did: "ok", or the script's refusal ("already", "unknown",
+    "missing", "gone", "early", ...)."""
 
-    status: str
+    status: ScriptOutcome
     remaining: int = 0
     woken: bool = False
     version: int = 0

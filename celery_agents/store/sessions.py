@@ -6,18 +6,8 @@ import json
 import time
 from typing import cast
 
-from celery_agents.errors import (
-    InvalidInput,
-    SessionNotAdvanceable,
-    UnknownSession,
-)
-from celery_agents.model import (
-    AgentSpec,
-    CallState,
-    SessionHeader,
-    UserQuery,
-    UserTurn,
-)
+from celery_agents.errors import InvalidInput, SessionNotAdvanceable, UnknownSession
+from celery_agents.model import AgentSpec, CallState, SessionHeader, UserQuery, UserTurn
 from celery_agents.store.codec import outcome_json, turn_digest
 from celery_agents.store.core import StoreCore
 from celery_agents.store.header import header_from_hash, header_to_hash

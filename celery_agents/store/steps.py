@@ -8,22 +8,14 @@ import logging
 import time
 from typing import Any, cast
 
-from celery_agents.errors import (
-    UnknownSession,
-)
-from celery_agents.model import (
-    ErrorInfo,
-    LlmTurn,
-    SessionHeader,
-    UserQuery,
-    UserTurn,
-)
+from celery_agents.errors import UnknownSession
+from celery_agents.model import ErrorInfo, LlmTurn, SessionHeader, UserQuery, UserTurn
 from celery_agents.store.codec import STORED_TURN, merge_outcome, turn_digest
 from celery_agents.store.commit import CommitRecord
 from celery_agents.store.core import StoreCore
 from celery_agents.store.header import header_from_hash
 from celery_agents.store.ids import check_session_id, parse_token
-from celery_agents.store.records import LeaseLost, Loaded, Transcript
+from celery_agents.store.records import Begun, Committed, LeaseLost, Loaded, Transcript
 
 log = logging.getLogger("celery_agents.store")
 
@@ -124,11 +116,8 @@ class StepStore(StoreCore):
         check_session_id(session_id)
         return [STORED_TURN.validate_json(t) for t in self.client.lrange(self.keys.turns(session_id), 0, -1)]
 
-    def begin_step(self, session_id: str, version: int, owner: str, request: str = "") -> tuple[str, Loaded | str]:
-        """Take the session's lease for a step at `version` and read what the step needs.
-
-        Returns ("ok", Loaded) or a refusal: ("stale", current version), ("busy", holder),
-        ("ended", status) or ("missing", "")."""
+    def begin_step(self, session_id: str, version: int, owner: str, request: str = "") -> Begun:
+        """Take the session's lease for a step at `version` and read what the step needs."""
         check_session_id(session_id)
         lease_ms = int(self.settings.lease_seconds * 1000)
         seen = self._turn_cache.get(session_id)
@@ -136,36 +125,32 @@ class StepStore(StoreCore):
         if res[0] == "ok":
             loaded = self._loaded(session_id, res[1], seen)
             loaded.redis_now = int(res[2]) / 1000
-            return "ok", loaded
-        return res[0], (res[1] if len(res) > 1 else "")
+            return Begun("ok", loaded)
+        return Begun(res[0], detail=str(res[1]) if len(res) > 1 else "")
 
     def renew_lease(self, key: str, owner: str) -> bool:
         """Extend a lease (a session's step lease or a call's) if `owner` still holds it."""
         lease_ms = int(self.settings.lease_seconds * 1000)
         return bool(self.scripts.run("lease_renew", [key], [owner, lease_ms]))
 
-    def commit(self, record: CommitRecord, now: float | None = None) -> tuple[str, int, bool]:
-        """Commit a step at `record.version`; returns ("ok", new version, whether the next step is
-        owed) or (refusal, 0, False)."""
+    def commit(self, record: CommitRecord, now: float | None = None) -> Committed:
+        """Commit a step at `record.version`, unless the session moved on or the lease was lost."""
         sid = record.session_id
         token_keys = tuple(self.keys.token(sid, parse_token(c.token)[1]) for c in record.tokens if c.token)
-        res = self._run("commit_step", sid, [record.to_json()], extra_keys=token_keys, now=now)
+        res = self._run("commit_step", sid, record.to_args(), extra_keys=token_keys, now=now)
         if res[0] != "ok":
-            return res[0], 0, False
+            return Committed(res[0])
         entry = self._turn_cache.get(sid)
         if entry is not None and len(entry.turns) == record.base_turn_count and entry.digest == record.base_digest:
             self._remember(sid, Transcript([*entry.turns, *record.turns], record.turns_digest, int(res[1])))
-        return "ok", int(res[1]), bool(res[2])
+        return Committed("ok", int(res[1]), bool(res[2]))
 
     def end_step(self, session_id: str, owner: str, request: str, reason: str, keep_owed: bool = False) -> None:
         self._run("end_step", session_id, [owner, request, reason, "1" if keep_owed else "0"])
 
     def fail_step(self, session_id: str, version: int, error: ErrorInfo, owner: str) -> bool:
-        res = self._run("fail_step", session_id, [version, error.model_dump_json(), owner])
+        res = self._run("fail_step", session_id, [version, error.model_dump_json(), owner, error.code])
         return bool(res[0] == "ok")
-
-    def journal_get(self, session_id: str, field: str) -> str | None:
-        return cast("str | None", self.client.hget(self.keys.journal(session_id), field))
 
     def journal_put(self, session_id: str, field: str, value: str, owner: str, version: int) -> str:
         """Record work done in this step; returns the first recorded value (which wins). Raises

@@ -22,7 +22,7 @@ from celery_agents.store.fleet import Fleet
 from celery_agents.store.header import header_from_hash, header_to_hash
 from celery_agents.store.ids import check_session_id, new_session_id, new_token, parse_token
 from celery_agents.store.ledger import CallLedger
-from celery_agents.store.records import Finished, LeaseLost, Loaded, SweepVerdict, Swept
+from celery_agents.store.records import Begun, Committed, Finished, LeaseLost, Loaded, SweepVerdict, Swept
 from celery_agents.store.sessions import SessionStore
 from celery_agents.store.steps import JOURNAL_TTL_S, StepStore
 from celery_agents.store.sweep import SweepStore
@@ -30,6 +30,8 @@ from celery_agents.store.views import ViewStore
 
 __all__ = [
     "JOURNAL_TTL_S",
+    "Begun",
+    "Committed",
     "Finished",
     "LeaseLost",
     "Loaded",

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from typing import cast
 
-from celery_agents.model import (
-    TrackedCall,
-)
+from celery_agents.model import TrackedCall
 from celery_agents.store.core import StoreCore
 from celery_agents.store.records import Swept
 
@@ -21,9 +19,6 @@ class SweepStore(StoreCore):
                 self.client.zrangebyscore(self.keys.owed, "-inf", int(older_than * 1000), start=0, num=limit),
             )
         )
-
-    def touch_owed(self, session_id: str, now: float) -> None:
-        self.client.zadd(self.keys.owed, {session_id: int(now * 1000)}, xx=True)
 
     def sweep_owed(self, candidates: list[tuple[str, bool]], now: float) -> list[Swept]:
         """Settle outbox entries atomically, each (session id, whether a step no worker picked up

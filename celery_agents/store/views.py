@@ -5,10 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, cast
 
-from celery_agents.model import (
-    PendingCall,
-    SessionHeader,
-)
+from celery_agents.model import PendingCall, SessionHeader
 from celery_agents.store.codec import StreamEntries, event_from_entry, merge_outcome, pending_view, unfinished_rows
 from celery_agents.store.core import StoreCore
 from celery_agents.store.records import Live

@@ -10,7 +10,7 @@ from typing import Any
 
 from celery_agents.config import Settings
 from celery_agents.llm import LitellmPort
-from celery_agents.store import EmbeddedRedis, Store, client_for_url
+from celery_agents.store import Store, client_for_url, state_url
 from celery_agents.tools import ToolRunner
 
 
@@ -25,10 +25,6 @@ class WorkerContext:
 
 _ctx: WorkerContext | None = None
 _pid: int | None = None
-
-
-def state_url(settings: Settings) -> str:
-    return settings.redis_url or EmbeddedRedis(settings.home).url
 
 
 #: the first steps of a threads-pool worker start together: one of them builds the context

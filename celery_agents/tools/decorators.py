@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from celery_agents.backoff import exponential_backoff
 from celery_agents.model.agent import Disposition, Limits, ToolSpec
 from celery_agents.scheduler.ports import CallOutcome
 from celery_agents.tools.cancel import cancelled
@@ -33,7 +34,7 @@ def resolve_limits(tool: ToolSpec, disp: Disposition, base: Limits) -> Limits:
 def backoff_delay(disp: Disposition, retry: int) -> float:
     """Seconds to wait before retry number `retry` (1, 2, ...)."""
     base = DEFAULT_BACKOFF if disp.backoff_seconds is None else disp.backoff_seconds
-    return float(min(MAX_BACKOFF, base * (2 ** (retry - 1))))
+    return exponential_backoff(base, retry, MAX_BACKOFF)
 
 
 def with_retries(

@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any
 
-from celery_agents.model import AgentSpec, TrackedCall
+from celery_agents.model import AgentSpec, TrackedCall, arguments_not_an_object
 from celery_agents.model.agent import Limits, ToolSpec
 from celery_agents.scheduler.policy import disposition_for
 from celery_agents.scheduler.ports import CallOutcome
@@ -58,10 +58,7 @@ class ToolRunner:
     def run(self, agent: AgentSpec, session_id: str, call: TrackedCall) -> CallOutcome:
         tool = agent.tool(call.tool)
         if tool is None:
-            names = ", ".join(t.name for t in agent.tools) or "none"
-            return CallOutcome(
-                state="failed", attempts=0, error=f"there is no tool named {call.tool!r}; the tools are: {names}"
-            )
+            return CallOutcome(state="failed", attempts=0, error=agent.no_tool_named(call.tool))
         if tool.external:
             return CallOutcome(
                 state="failed",
@@ -72,7 +69,7 @@ class ToolRunner:
         problems = (
             argument_problems(tool.name, tool.parameters, args)
             if isinstance(args, dict)
-            else f"the arguments of {tool.name} must be a JSON object"
+            else arguments_not_an_object(tool.name)
         )
         if problems:
             return CallOutcome(state="failed", attempts=0, error=problems, meta={"invalid_arguments": True})

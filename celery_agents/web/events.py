@@ -17,6 +17,7 @@ import anyio
 from anyio.to_thread import run_sync
 from starlette.requests import Request
 
+from celery_agents.model import FINAL_EVENTS
 from celery_agents.store import Store
 
 #: how long one read waits for new events (ms): also how soon a closed stream frees its thread
@@ -24,7 +25,6 @@ BLOCK_MS = 1000
 KEEPALIVE_SECONDS = 15.0
 #: a browser reconnects this long after a stream ended or broke
 RETRY_MS = 3000
-FINAL_EVENTS = frozenset({"completed", "failed", "cancelled"})
 
 _limiter: anyio.CapacityLimiter | None = None
 

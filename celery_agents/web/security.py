@@ -41,7 +41,8 @@ CSP = (
 DOCS_CSP = CSP.replace("style-src 'self'", "style-src 'self' 'unsafe-inline'")
 SECURITY_HEADERS = {
     "x-content-type-options": "nosniff",
-    "referrer-policy": "no-referrer",
+    # same-origin, not no-referrer: with no-referrer a browser sends `Origin: null` on its own forms
+    "referrer-policy": "same-origin",
     "x-frame-options": "DENY",
     "cross-origin-opener-policy": "same-origin",
     "cross-origin-resource-policy": "same-origin",

@@ -19,8 +19,7 @@ def test_a_lapsed_step_lease_is_reported(settings: Settings) -> None:
             parse_agent({"slug": "d", "model": "demo/x"}), UserQuery(text="hi"), drive="auto", owe=True
         )
         assert diagnose(client)["lapsed_leases"] == 0
-        status, _ = store.begin_step(h.session_id, 1, "a-worker-that-dies")
-        assert status == "ok"
+        assert store.begin_step(h.session_id, 1, "a-worker-that-dies").outcome == "ok"
         deadline = time.monotonic() + 5
         while store.lease_holder(h.session_id) and time.monotonic() < deadline:
             time.sleep(0.01)

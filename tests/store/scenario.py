@@ -6,12 +6,12 @@ from __future__ import annotations
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import cast
 
 from celery_agents.model import AgentSpec, TrackedCall, UserQuery
 from celery_agents.runtime import commit_transition
 from celery_agents.scheduler import Ports, Snapshot, Transition, advance
-from celery_agents.store import Loaded, Store, new_token
+from celery_agents.store import Committed, Loaded, Store, new_token, parse_token
 from tests.scheduler.fakes import RecordingTools, ScriptedLlm, llm_turn, make_agent
 
 AGENT = make_agent(executionMode="asynchronous", maxSteps=1000)
@@ -44,10 +44,9 @@ def start(
 
 def begin(store: Store, sid: str, owner: str = "w1", version: int | None = None) -> Loaded:
     v = store.header(sid).version if version is None else version
-    status, loaded = store.begin_step(sid, v, owner, request="test")
-    assert status == "ok", (status, loaded)
-    assert isinstance(loaded, Loaded)
-    return loaded
+    begun = store.begin_step(sid, v, owner, request="test")
+    assert begun.loaded is not None, begun
+    return begun.loaded
 
 
 def decide(
@@ -68,14 +67,14 @@ def decide(
 
 def commit(
     store: Store, sid: str, loaded: Loaded, t: Transition, owner: str = "w1", now: float | None = None
-) -> tuple[Any, ...]:
+) -> Committed:
     return commit_transition(store, loaded.header, owner, t, request="test", now=now)
 
 
 @dataclass
 class Stepped:
     transition: Transition
-    result: tuple[Any, ...] | None
+    result: Committed | None
 
 
 def step(
@@ -93,7 +92,7 @@ def step(
         store.end_step(sid, owner, "test", t.kind)
         return Stepped(t, None)
     res = commit(store, sid, loaded, t, owner, now=now)
-    assert res[0] == "ok", res
+    assert res.outcome == "ok", res
     return Stepped(t, res)
 
 
@@ -104,6 +103,12 @@ def waiting_on(store: Store, *calls: tuple[str, str], drive: str = "manual") -> 
     step(store, sid, llm=ScriptedLlm(llm_turn(*[(cid, tool, '{"n": 1}') for cid, tool in calls])))
     done = step(store, sid)
     return sid, done.transition.calls
+
+
+def token_hash(store: Store, token: str) -> dict[str, str]:
+    """What Redis holds for a token (its hash; empty when there is none)."""
+    sid, secret = parse_token(token)
+    return cast("dict[str, str]", store.client.hgetall(store.keys.token(sid, secret)))
 
 
 def token_of(calls: list[TrackedCall], call_id: str) -> str:

@@ -19,7 +19,7 @@ from celery_agents.errors import (
 from celery_agents.model import CallState, State, Status
 from celery_agents.store import Store, completion_json, new_token, outcome_json
 from tests.scheduler.fakes import ScriptedLlm, llm_turn, make_agent
-from tests.store.scenario import AGENT, begin, start, step, token_of, waiting_on
+from tests.store.scenario import AGENT, begin, start, step, token_hash, token_of, waiting_on
 
 DAY = 86400.0
 
@@ -113,7 +113,7 @@ def test_complete_token_records_the_result_and_who_completed_it(any_store: Store
     outcome, version = store.complete_token(token, approve({"approved": True}, by="alice"), by="alice")
     assert (outcome.session_id, outcome.call_id, outcome.remaining, outcome.woken) == (sid, "c1", 1, False)
     assert outcome.accepted and version == 3
-    info = store.token_info(token)
+    info = token_hash(store, token)
     assert (info["state"], info["completed_by"]) == ("completed", "alice")
     [c1] = [c for c in store.calls(sid) if c.call_id == "c1"]
     assert (c1.state, c1.result, c1.completed_by) == (CallState.COMPLETED, {"approved": True}, "alice")
@@ -206,7 +206,7 @@ def test_expire_call_waits_for_the_deadline_then_tells_the_model(any_store: Stor
     res = store.expire_call(sid, f, now=later)
     assert (res.status, res.remaining, res.woken) == ("ok", 0, True)
     assert call_state(store, sid, "c1") == CallState.EXPIRED
-    assert store.token_info(token_of(calls, "c1"))["state"] == "expired"
+    assert token_hash(store, token_of(calls, "c1"))["state"] == "expired"
     assert store.due_deadlines(later) == []
     assert store.owed(older_than=9e9) == [sid]
     llm = ScriptedLlm(llm_turn(text="no approval came"))
@@ -235,7 +235,7 @@ def test_cancel_kills_tokens_clears_pending_and_fences_queued_steps(any_store: S
     assert version == 4
     h = store.header(sid)
     assert (h.status, h.state, h.version, h.drive) == (Status.CANCELLED, State.CANCELLED, 4, "manual")
-    assert store.token_info(token_of(calls, "c1"))["state"] == "cancelled"
+    assert token_hash(store, token_of(calls, "c1"))["state"] == "cancelled"
     assert [c.state for c in store.calls(sid)] == [
         CallState.CANCELLED,
         CallState.CANCELLED,
@@ -245,7 +245,7 @@ def test_cancel_kills_tokens_clears_pending_and_fences_queued_steps(any_store: S
     assert not store.client.exists(store.keys.pending(sid))
     assert store.due_deadlines(time.time() + 2 * DAY) == []
     assert store.owed(older_than=9e9) == []
-    assert store.begin_step(sid, 3, "w")[0] == "ended"
+    assert store.begin_step(sid, 3, "w").outcome == "ended"
     assert [s.session_id for s in store.list_sessions("cancelled")] == [sid]
     assert [e["type"] for e in store.read_events(sid)][-2:] == ["cancelled", "step_skipped"]
 
@@ -378,7 +378,7 @@ def test_text_beyond_ascii_survives_every_script(any_store: Store) -> None:
     calls = step(store, sid).transition.calls
     [pending] = store.pending_view(sid)
     assert (pending.arguments, pending.reason) == ({"ville": "Zürich 😀"}, "approbation 😀 requise")
-    assert store.token_info(token_of(calls, "c1"))["reason"] == "approbation 😀 requise"
+    assert token_hash(store, token_of(calls, "c1"))["reason"] == "approbation 😀 requise"
     store.complete_token(token_of(calls, "c1"), approve("oui 😀"))
     step(store, sid, llm=ScriptedLlm(llm_turn(text="Il fait 21 °C ☀️")))
     assert store.header(sid).response == "Il fait 21 °C ☀️"

@@ -58,7 +58,7 @@ def test_a_pause_during_a_step_holds_after_its_commit(any_store: Store) -> None:
     loaded = begin(store, sid)
     store.set_drive(sid, "manual")
     t = decide(store, loaded, llm=ScriptedLlm(llm_turn(("c1", "sync_a", "{}"))))
-    assert commit(store, sid, loaded, t)[0] == "ok"
+    assert commit(store, sid, loaded, t).outcome == "ok"
     assert owed(store) == [], "the paused session is not driven on"
     assert store.header(sid).drive == "manual"
 
@@ -131,7 +131,7 @@ def test_prepare_step_reactivates_a_failed_session_and_grants_steps(any_store: S
     h = store.header(sid)
     assert version == h.version
     assert (h.status, h.state, h.step_limit, h.error) == (Status.ACTIVE, State.READY, 4, None)
-    assert store.begin_step(sid, version, "w")[0] == "ok"
+    assert store.begin_step(sid, version, "w").outcome == "ok"
 
 
 def test_prepare_step_after_an_internal_failure_keeps_the_step_limit(any_store: Store) -> None:
@@ -142,3 +142,16 @@ def test_prepare_step_after_an_internal_failure_keeps_the_step_limit(any_store: 
     store.prepare_step(sid)
     h = store.header(sid)
     assert (h.status, h.state, h.step_limit) == (Status.ACTIVE, State.READY, 2)
+
+
+def test_a_session_stopped_by_max_steps_before_error_codes_were_stored_still_gets_its_steps(
+    any_store: Store,
+) -> None:
+    store = any_store
+    sid = stopped_by_max_steps(store)
+    legacy = '{"code":"max_steps","message":"the session reached its step limit","transient":false}'
+    store.client.hset(store.keys.meta(sid), "error", legacy)
+    store.client.hdel(store.keys.meta(sid), "error_code")
+    store.set_drive(sid, "auto")
+    h = store.header(sid)
+    assert (h.status, h.step_limit) == (Status.ACTIVE, 4)

@@ -76,7 +76,7 @@ def test_a_message_sent_while_the_step_that_completes_runs_is_answered_next(stor
     t = decide(store, loaded, llm=ScriptedLlm(llm_turn(text="done")))
     store.send_message(sid, UserQuery(text="late"))  # after the step read the queue
     res = commit(store, sid, loaded, t)
-    assert res[0] == "ok" and res[2] is True, "the session is owed another step, not completed"
+    assert (res.outcome, res.owed) == ("ok", True), "the session is owed another step, not completed"
     h = store.header(sid)
     assert (h.status, h.state) == (Status.ACTIVE, State.READY)
     step(store, sid, llm=ScriptedLlm(llm_turn(text="late answer")))
@@ -91,7 +91,7 @@ def test_a_message_racing_the_commit_is_delivered_exactly_once(store: Store, sto
     loaded = begin(a, sid, "worker-a")
     t = decide(a, loaded, llm=ScriptedLlm(llm_turn(text="done")))
     ra, rb = race(lambda: commit(a, sid, loaded, t, "worker-a"), lambda: b.send_message(sid, UserQuery(text="racer")))
-    assert ra[0] == "ok" and not isinstance(rb, Exception), (ra, rb)
+    assert ra.outcome == "ok" and not isinstance(rb, Exception), (ra, rb)
     delivered = [x for x in _texts(store, sid) if x.startswith("user:")]
     waiting = [UserQuery.model_validate_json(m).text for m in store.client.lrange(store.keys.inbox(sid), 0, -1)]
     assert delivered == ["user:What is the weather in Paris?", "user:early"]

@@ -14,7 +14,7 @@ from celery_agents.errors import TokenAlreadyCompleted
 from celery_agents.model import CallState, LlmTurn, State, Status
 from celery_agents.store import Store, completion_json, outcome_json
 from tests.scheduler.fakes import ScriptedLlm, llm_turn
-from tests.store.scenario import begin, commit, decide, start, token_of, waiting_on
+from tests.store.scenario import begin, commit, decide, start, token_hash, token_of, waiting_on
 
 ROUNDS = 10
 
@@ -50,11 +50,11 @@ def test_two_commits_for_the_same_version_exactly_one_wins(store: Store, stores:
     tb = decide(b, lb, llm=ScriptedLlm(llm_turn(text="from b")))
     b.client.delete(b.keys.lease(sid))  # and b's lapsed as well: only the version fences them
     ra, rb = race(lambda: commit(a, sid, la, ta, "worker-a"), lambda: commit(b, sid, lb, tb, "worker-b"))
-    outcomes = sorted([ra[0], rb[0]])
+    outcomes = sorted([ra.outcome, rb.outcome])
     assert outcomes == ["ok", "stale"], (ra, rb)
     turns = store.turns(sid)
     assert len(turns) == 2
-    winner = "from a" if ra[0] == "ok" else "from b"
+    winner = "from a" if ra.outcome == "ok" else "from b"
     assert isinstance(turns[1], LlmTurn) and turns[1].text == winner
     h = store.header(sid)
     assert (h.version, h.steps, h.response) == (2, 1, winner)
@@ -68,8 +68,8 @@ def test_two_workers_beginning_the_same_step_one_gets_the_lease(store: Store, st
     sid = start(store)
     a, b = stores(), stores()
     ra, rb = race(lambda: a.begin_step(sid, 1, "worker-a"), lambda: b.begin_step(sid, 1, "worker-b"))
-    assert sorted([ra[0], rb[0]]) == ["busy", "ok"]
-    winner = "worker-a" if ra[0] == "ok" else "worker-b"
+    assert sorted([ra.outcome, rb.outcome]) == ["busy", "ok"]
+    winner = "worker-a" if ra.outcome == "ok" else "worker-b"
     assert store.lease_holder(sid) == winner
 
 
@@ -92,7 +92,7 @@ def test_two_completions_of_one_token_one_wins_the_other_learns_why(store: Store
     winner = "alice" if ra is won[0] else "bob"
     [call] = store.calls(sid)
     assert (call.state, call.result, call.completed_by) == (CallState.COMPLETED, winner, winner)
-    assert store.token_info(token)["completed_by"] == winner
+    assert token_hash(store, token)["completed_by"] == winner
     assert store.owed(older_than=9e9).count(sid) == 1
     store.client.zrem(store.keys.owed, sid)
 
@@ -134,4 +134,4 @@ def test_an_async_result_racing_a_cancel_changes_nothing_after_it(store: Store, 
         assert res.status == "already" and not res.woken
         assert c2.state == CallState.CANCELLED
     assert store.pending_view(sid) == []
-    assert store.begin_step(sid, h.version, "w")[0] == "ended"
+    assert store.begin_step(sid, h.version, "w").outcome == "ended"

@@ -10,10 +10,10 @@ import pytest
 from celery_agents.errors import SessionNotAdvanceable
 from celery_agents.model import AgentSpec, CallState, ErrorInfo, LlmTurn, State, Status, UserQuery, UserTurn
 from celery_agents.runtime import commit_transition
-from celery_agents.store import LeaseLost, Store
+from celery_agents.store import Begun, LeaseLost, Store
 from celery_agents.store.store import JOURNAL_TTL_S
 from tests.scheduler.fakes import RecordingTools, ScriptedLlm, llm_turn
-from tests.store.scenario import AGENT, begin, commit, decide, start, step
+from tests.store.scenario import AGENT, begin, commit, decide, start, step, token_hash
 
 
 def event_types(store: Store, sid: str) -> list[str]:
@@ -88,9 +88,8 @@ def test_begin_step_takes_the_lease_and_returns_what_the_step_needs(any_store: S
     store = any_store
     sid = start(store)
     store.journal_put(sid, "llm:1", "{}", "worker-a", 1)
-    status, loaded = store.begin_step(sid, 1, "worker-a", request="r1")
-    assert status == "ok"
-    assert not isinstance(loaded, str)
+    loaded = store.begin_step(sid, 1, "worker-a", request="r1").loaded
+    assert loaded is not None
     assert loaded.header.session_id == sid and loaded.header.version == 1
     assert [t.kind for t in loaded.turns] == ["UserTurn"]
     assert loaded.calls == []
@@ -115,7 +114,7 @@ def test_begin_step_returns_the_newest_batch_with_recorded_outcomes(any_store: S
 
 def test_begin_step_refuses_a_stale_version(any_store: Store) -> None:
     sid = start(any_store)
-    assert any_store.begin_step(sid, 7, "w") == ("stale", "1")
+    assert any_store.begin_step(sid, 7, "w") == Begun("stale", detail="1")
     assert any_store.lease_holder(sid) is None
     [skipped] = [e for e in any_store.read_events(sid) if e["type"] == "step_skipped"]
     assert skipped["reason"] == "stale"
@@ -124,20 +123,20 @@ def test_begin_step_refuses_a_stale_version(any_store: Store) -> None:
 def test_begin_step_refuses_while_another_worker_holds_the_lease(any_store: Store) -> None:
     sid = start(any_store)
     begin(any_store, sid, "worker-a")
-    assert any_store.begin_step(sid, 1, "worker-b") == ("busy", "worker-a")
+    assert any_store.begin_step(sid, 1, "worker-b") == Begun("busy", detail="worker-a")
     assert any_store.lease_holder(sid) == "worker-a"
     # the holder itself (a redelivery to the same worker) may go on
-    assert any_store.begin_step(sid, 1, "worker-a")[0] == "ok"
+    assert any_store.begin_step(sid, 1, "worker-a").outcome == "ok"
 
 
 def test_begin_step_refuses_an_ended_session(any_store: Store) -> None:
     sid = start(any_store)
     step(any_store, sid, llm=ScriptedLlm(llm_turn(text="done")))
-    assert any_store.begin_step(sid, 2, "w") == ("ended", "completed")
+    assert any_store.begin_step(sid, 2, "w") == Begun("ended", detail="completed")
 
 
 def test_begin_step_on_an_unknown_session(any_store: Store) -> None:
-    assert any_store.begin_step("nosuchsession", 1, "w")[0] == "missing"
+    assert any_store.begin_step("nosuchsession", 1, "w").outcome == "missing"
 
 
 # -- commit_step ---------------------------------------------------------------------------------
@@ -150,7 +149,7 @@ def test_commit_appends_turns_bumps_version_and_releases_the_lease(any_store: St
     store.journal_put(sid, "llm:1", "journaled", "w1", 1)
     t = decide(store, loaded, llm=ScriptedLlm(llm_turn(("c1", "sync_a", "{}"), text="checking")))
     res = commit(store, sid, loaded, t)
-    assert res[:2] == ("ok", 2)
+    assert (res.outcome, res.version) == ("ok", 2)
     h = store.header(sid)
     assert (h.version, h.head, h.state, h.steps, h.turn_count) == (2, "LlmTurn", State.TOOLS, 1, 2)
     turns = store.turns(sid)
@@ -195,7 +194,7 @@ def test_commit_of_a_tools_step_writes_calls_pending_and_tokens(any_store: Store
     assert set(store.client.zrange(store.keys.pending_all, 0, -1)) == {f"{sid} 1:1", f"{sid} 1:2"}
     token = done.transition.calls[2].token
     assert token is not None
-    info = store.token_info(token)
+    info = token_hash(store, token)
     assert (info["state"], info["call_id"], info["field"], info["reason"]) == (
         "pending",
         "c3",
@@ -242,7 +241,7 @@ def test_commit_refuses_a_stale_version_and_writes_nothing(any_store: Store) -> 
     t = decide(store, loaded, llm=ScriptedLlm(llm_turn(text="one")))
     stale = loaded.header.model_copy(update={"version": 5})
     res = commit_transition(store, stale, "w1", t)
-    assert res[0] == "stale"
+    assert res.outcome == "stale"
     assert len(store.turns(sid)) == 1 and store.header(sid).version == 1
 
 
@@ -253,7 +252,7 @@ def test_commit_refuses_when_another_worker_took_the_lease(any_store: Store) -> 
     t = decide(store, loaded, llm=ScriptedLlm(llm_turn(text="one")))
     store.client.delete(store.keys.lease(sid))  # worker-a's lease lapsed ...
     begin(store, sid, "worker-b")  # ... and worker-b took over
-    assert commit(store, sid, loaded, t, owner="worker-a")[0] == "lost_lease"
+    assert commit(store, sid, loaded, t, owner="worker-a").outcome == "lost_lease"
     assert store.header(sid).version == 1 and store.lease_holder(sid) == "worker-b"
 
 
@@ -264,7 +263,7 @@ def test_commit_refuses_a_cancelled_session(any_store: Store) -> None:
     t = decide(store, loaded, llm=ScriptedLlm(llm_turn(text="one")))
     store.cancel(sid)
     loaded.header = loaded.header.model_copy(update={"version": store.header(sid).version})
-    assert commit(store, sid, loaded, t)[0] == "ended"
+    assert commit(store, sid, loaded, t).outcome == "ended"
     assert len(store.turns(sid)) == 1
 
 
@@ -338,7 +337,7 @@ def test_journal_first_writer_wins(any_store: Store) -> None:
     sid = start(store)
     assert store.journal_put(sid, "llm:1", "first", "worker-a", 1) == "first"
     assert store.journal_put(sid, "llm:1", "second", "worker-a", 1) == "first"
-    assert store.journal_get(sid, "llm:1") == "first"
+    assert store.client.hget(store.keys.journal(sid), "llm:1") == "first"
     assert store.journal_put(sid, "tool:1:0", "other field", "worker-a", 1) == "other field"
     assert 0 < store.client.ttl(store.keys.journal(sid)) <= JOURNAL_TTL_S, "a journal expires"
 
@@ -422,5 +421,3 @@ def test_owed_lists_only_steps_owed_longer_than_the_grace(any_store: Store) -> N
     new = store.create_session(AGENT, UserQuery(text="b"), drive="auto", owe=True, now=t0 + 60).session_id
     assert store.owed(older_than=t0 + 30) == [old]
     assert sorted(store.owed(older_than=t0 + 90)) == sorted([old, new])
-    store.touch_owed(old, t0 + 120)
-    assert store.owed(older_than=t0 + 90) == [new]

@@ -63,7 +63,7 @@ def test_commit_bytes_do_not_grow_with_the_transcript(store: Store) -> None:
         res = commit(store, sid, loaded, t)
         sent[n] = _net_input_bytes(store) - before
         args[n] = captured[-1]
-        assert res[0] == "ok"
+        assert res.outcome == "ok"
 
     h = store.header(sid)
     assert (h.steps, h.turn_count) == (STEPS, STEPS + 1)

@@ -60,6 +60,10 @@ local function set_state(new)
   touch(new)
 end
 
+-- The states in which an active session is owed a step (model/session.py STEP_OWING_STATES; a
+-- test holds them equal).
+local OWES_STEP = {ready = true, tools = true}
+
 -- A step is owed at the current version; no worker has picked this one up yet (`picked` is the
 -- version of the last step picked up, which may be this very version when that step only waited).
 local function owe()
@@ -73,16 +77,6 @@ local function unowe()
   redis.call('HDEL', K.meta, 'owed_version')
 end
 
--- Make a failed session active again (resume, step). One stopped by its step limit gets `grant`
--- more steps counted from the steps it has taken, so that it can always take them.
-local function reactivate(grant)
-  local m = redis.call('HMGET', K.meta, 'error', 'steps')
-  if string.find(m[1] or '', '"max_steps"', 1, true) then
-    redis.call('HSET', K.meta, 'step_limit', tonumber(m[2] or '0') + tonumber(grant))
-  end
-  redis.call('HSET', K.meta, 'status', 'active', 'error', '')
-end
-
 -- The state a session has when nothing runs, from its head.
 local function state_from_head()
   local head = redis.call('HGET', K.meta, 'head')
@@ -91,14 +85,37 @@ local function state_from_head()
   return 'ready'
 end
 
+-- Make a failed session active again (resume, step), in the state its head gives. One stopped by
+-- its step limit gets `grant` more steps counted from the steps it has taken, so that it can always
+-- take them. Returns the state. (A session failed before `error_code` was stored has its code only
+-- in `error`.)
+local function reactivate(grant)
+  local m = redis.call('HMGET', K.meta, 'error_code', 'steps', 'error')
+  local code = m[1]
+  if not code and string.find(m[3] or '', '"code":"max_steps"', 1, true) then code = 'max_steps' end
+  if code == 'max_steps' then
+    redis.call('HSET', K.meta, 'step_limit', tonumber(m[2] or '0') + tonumber(grant))
+  end
+  redis.call('HSET', K.meta, 'status', 'active', 'error', '', 'error_code', '')
+  local st = state_from_head()
+  set_state(st)
+  return st
+end
+
+-- Take a call out of the shared indexes of unfinished calls (it is final, or its session goes).
+local function unindex_call(field)
+  local member = SID .. ' ' .. field
+  redis.call('ZREM', K.pending_all, member)
+  redis.call('ZREM', K.deadlines, member)
+  redis.call('ZREM', K.dispatched, member)
+end
+
 -- Record the final outcome of an unfinished call; the first writer wins.
 -- Returns nil if the call was not unfinished, else {remaining, woken, version}.
 local function finish_call(field, outcome, event_kind, event_data)
   if redis.call('SREM', K.pending, field) == 0 then return nil end
   redis.call('HSET', K.results, field, outcome)
-  redis.call('ZREM', K.pending_all, SID .. ' ' .. field)
-  redis.call('ZREM', K.deadlines, SID .. ' ' .. field)
-  redis.call('ZREM', K.dispatched, SID .. ' ' .. field)
+  unindex_call(field)
   emit(event_kind, event_data)
   local remaining = redis.call('SCARD', K.pending)
   local woken = 0

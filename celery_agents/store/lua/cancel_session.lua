@@ -8,20 +8,14 @@ local outcomes = cjson.decode(ARGV[4])
 for field, outcome in pairs(outcomes) do
   if redis.call('SREM', K.pending, field) == 1 then
     redis.call('HSET', K.results, field, outcome)
-    redis.call('ZREM', K.pending_all, SID .. ' ' .. field)
-    redis.call('ZREM', K.deadlines, SID .. ' ' .. field)
-    redis.call('ZREM', K.dispatched, SID .. ' ' .. field)
+    unindex_call(field)
   end
 end
 for j = NKEYS + 1, #KEYS do
   if redis.call('HGET', KEYS[j], 'state') == 'pending' then redis.call('HSET', KEYS[j], 'state', 'cancelled') end
 end
 -- Calls that became unfinished after the caller looked (none in practice) are dropped from the index too.
-for _, field in ipairs(redis.call('SMEMBERS', K.pending)) do
-  redis.call('ZREM', K.pending_all, SID .. ' ' .. field)
-  redis.call('ZREM', K.deadlines, SID .. ' ' .. field)
-  redis.call('ZREM', K.dispatched, SID .. ' ' .. field)
-end
+for _, field in ipairs(redis.call('SMEMBERS', K.pending)) do unindex_call(field) end
 redis.call('DEL', K.pending, K.inbox)
 redis.call('HSET', K.meta, 'status', 'cancelled', 'drive', 'manual')
 local version = redis.call('HINCRBY', K.meta, 'version', 1)

@@ -1,12 +1,13 @@
 -- Commit one step atomically: version check, new turns, calls, tokens, header, indexes, events,
 -- and the outbox entry when another step is owed.
--- ARGV[4] = the commit record (store/commit.py `CommitRecord.to_json`):
+-- ARGV[4] = the commit record (store/commit.py `CommitRecord.to_args`):
 --   {version (the version the step read), owner (lease owner), kind, request,
---    turns = [turn JSON], calls = [[field, call JSON]], meta = {header field: text} to set,
+--    n_turns, calls = [field], meta = {header field: text} to set,
 --    state, steps_inc, owe (a step is owed next if the session is auto-driven at commit time),
 --    batch, batch_size, pending = [[field, created_ms]], dispatched = [field],
 --    tokens = [[field, expires_ms, call_id, tool, digest, reason, child]], events = [[kind, data]],
 --    inbox_taken (queued user messages the step delivered: the oldest ones)}
+-- ARGV[5..] = n_turns turn JSONs, then one call JSON per field of c.calls.
 -- KEYS[NKEYS+1..] = one key per token, in the order of c.tokens.
 local c = cjson.decode(ARGV[4])
 local m = redis.call('HMGET', K.meta, 'version', 'status')
@@ -27,11 +28,11 @@ if c.meta.status == 'completed' and redis.call('LLEN', K.inbox) > 0 then
   end
   c.events = kept
 end
-for _, turn in ipairs(c.turns) do
-  redis.call('RPUSH', K.turns, turn)
+for i = 1, c.n_turns do
+  redis.call('RPUSH', K.turns, ARGV[4 + i])
 end
-for _, call in ipairs(c.calls) do
-  redis.call('HSET', K.calls, call[1], call[2])
+for j, field in ipairs(c.calls) do
+  redis.call('HSET', K.calls, field, ARGV[4 + c.n_turns + j])
 end
 for _, p in ipairs(c.pending) do
   redis.call('SADD', K.pending, p[1])
@@ -48,7 +49,7 @@ for j, t in ipairs(c.tokens) do
 end
 local version = redis.call('HINCRBY', K.meta, 'version', 1)
 set_version(version)
-redis.call('HINCRBY', K.meta, 'turn_count', #c.turns)
+redis.call('HINCRBY', K.meta, 'turn_count', c.n_turns)
 redis.call('HINCRBY', K.meta, 'steps', c.steps_inc)
 local fields = {}
 for name, text in pairs(c.meta) do

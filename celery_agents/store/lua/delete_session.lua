@@ -15,12 +15,7 @@ if redis.call('EXISTS', K.lease) == 1 then return {'busy'} end
 for i = NKEYS + 2, #KEYS do
   if string.find(KEYS[i], ':call-lease:', 1, true) and redis.call('EXISTS', KEYS[i]) == 1 then return {'busy'} end
 end
-for _, field in ipairs(redis.call('HKEYS', K.calls)) do
-  local member = SID .. ' ' .. field
-  redis.call('ZREM', K.pending_all, member)
-  redis.call('ZREM', K.deadlines, member)
-  redis.call('ZREM', K.dispatched, member)
-end
+for _, field in ipairs(redis.call('HKEYS', K.calls)) do unindex_call(field) end
 redis.call('ZREM', K.sessions, SID)
 redis.call('ZREM', K.owed, SID)
 for _, key in pairs(STATE_KEYS) do redis.call('ZREM', key, SID) end

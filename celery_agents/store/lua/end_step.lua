@@ -3,8 +3,7 @@
 -- ARGV[6] = reason, ARGV[7] = "1" when the step must stay owed (it failed and will be retried).
 if redis.call('GET', K.lease) == ARGV[4] then redis.call('DEL', K.lease) end
 if ARGV[7] ~= '1' then
-  local st = redis.call('HGET', K.meta, 'state')
-  if st ~= 'ready' and st ~= 'tools' then unowe() end
+  if not OWES_STEP[redis.call('HGET', K.meta, 'state')] then unowe() end
 end
 emit('step_noop', cjson.encode({request = ARGV[5], reason = ARGV[6]}))
 return {'ok'}

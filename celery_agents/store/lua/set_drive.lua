@@ -11,14 +11,16 @@ if ARGV[4] == 'manual' then
   touch()
   return {'ok', tonumber(m[2]), 0}
 end
+local st
 if m[1] == 'failed' then
-  reactivate(ARGV[5])
+  st = reactivate(ARGV[5])
+else
+  st = state_from_head()
+  set_state(st)
 end
-local st = state_from_head()
-set_state(st)
 emit('resumed', '{}')
 local owed = 0
-if st == 'ready' or st == 'tools' then
+if OWES_STEP[st] then
   owe()
   owed = 1
 end

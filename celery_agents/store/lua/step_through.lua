@@ -4,9 +4,6 @@
 local m = redis.call('HMGET', K.meta, 'status', 'version')
 if not m[1] then return {'missing'} end
 if m[1] == 'cancelled' or m[1] == 'completed' then return {'ended', m[1]} end
-if m[1] == 'failed' then
-  reactivate(ARGV[4])
-  set_state(state_from_head())
-end
+if m[1] == 'failed' then reactivate(ARGV[4]) end
 owe()
 return {'ok', tonumber(m[2])}

@@ -1,0 +1,106 @@
+"""The closed sets of strings that cross between Python, the Lua scripts and the CLI, named once.
+
+Event types are what a session's stream carries (`agents events`, the contract); script outcomes
+are the first element of every `store/lua/` reply; step outcomes are what running one step did.
+Tests hold the Lua scripts to these names (tests/store/test_lua_contract.py).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal, get_args
+
+
+class EventType(StrEnum):
+    """The `type` of an entry in a session's event stream."""
+
+    SESSION_STARTED = "session_started"
+    STEP_STARTED = "step_started"
+    STEP_SKIPPED = "step_skipped"
+    STEP_NOOP = "step_noop"
+    STEP_COMMITTED = "step_committed"
+    LLM_CALLED = "llm_called"
+    TOOL_DISPATCHED = "tool_dispatched"
+    TOOL_FINISHED = "tool_finished"
+    TOKEN_CREATED = "token_created"
+    TOKEN_COMPLETED = "token_completed"
+    TOKEN_EXPIRED = "token_expired"
+    TOKEN_REJECTED = "token_rejected"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    PAUSED = "paused"
+    RESUMED = "resumed"
+    CANCELLED = "cancelled"
+    #: a user message was queued (`session send`); `continued`: it reopened a completed session
+    MESSAGE_QUEUED = "message_queued"
+    CONTINUED = "continued"
+    #: a person approved a deferred sub-agent call: it now starts its child session
+    DELEGATION_APPROVED = "delegation_approved"
+
+
+#: events after which a session has stopped for good
+FINAL_EVENTS = frozenset({EventType.COMPLETED, EventType.FAILED, EventType.CANCELLED})
+
+#: the first element of a script's reply
+ScriptOutcome = Literal[
+    "ok",
+    # refusals: the script changed nothing (or only added an event)
+    "missing",
+    "unknown",
+    "exists",
+    "stale",
+    "ended",
+    "lost_lease",
+    "already",
+    "early",
+    "completed",
+    "expired",
+    "cancelled",
+    "active",
+    "changed",
+    "busy",
+    # send_message: as many messages wait as may
+    "full",
+    # the sweeper's verdicts (sweep_*.lua); all but `republish` change nothing
+    "settled",
+    "running",
+    "waiting",
+    "republish",
+    # expire_call: the call was final already or its token is gone
+    "gone",
+    # complete_token: this very call found the deadline passed and expired the call
+    "expired_now",
+    # journal_put: the step's lease is another's, or the session moved past its version
+    "lost",
+    # complete_token: the completion approved a deferred sub-agent call, which now starts its child
+    "approved",
+]
+SCRIPT_OUTCOMES: frozenset[str] = frozenset(get_args(ScriptOutcome))
+#: the outcomes a script's `once` does not keep for retries (`_lib.lua` REFUSALS)
+REFUSALS: frozenset[str] = frozenset(
+    {
+        "missing",
+        "unknown",
+        "exists",
+        "stale",
+        "ended",
+        "lost_lease",
+        "already",
+        "early",
+        "completed",
+        "expired",
+        "cancelled",
+        "active",
+        "changed",
+        "full",
+        "busy",
+        "settled",
+        "running",
+        "waiting",
+    }
+)
+
+#: what running one step did (`runtime.step.StepResult.outcome`): committed; waiting (calls still
+#: unfinished) or noop (nothing to do); refused before starting: stale, busy, ended, missing; lost
+#: (another worker took the lease over); failed (the session was failed by the step)
+StepOutcome = Literal["committed", "waiting", "noop", "stale", "busy", "ended", "missing", "lost", "failed"]
