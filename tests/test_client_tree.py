@@ -62,7 +62,7 @@ def test_inline_a_deferring_child_waits_and_its_completion_finishes_the_tree(set
         )
         assert deferred.session_id == view.children[0] and deferred.tool == "approve"
         client.complete(deferred.token or "", "yes")
-        client.resume(deferred.session_id)
+        client.resume(view.session_id)  # the parent's drive drives its child on
         final = client.view(view.session_id)
         assert (final.state, final.response) == (State.COMPLETED, "boss done")
 

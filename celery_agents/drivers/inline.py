@@ -123,8 +123,11 @@ class InlineDriver:
         from celery_agents.runtime import run_call
 
         res = run_call(self.store, session_id, field, self.runners.for_disposition(disposition), self.owner)
-        if res.child is not None:  # a sub-agent call: its child session is driven here as well
+        # A sub-agent call: its child session, new or still going, is driven here as well.
+        if res.child is not None:
             self._drive_if_idle(res.child[0])
+        elif res.status == "running" and res.call is not None:
+            self._drive_if_idle(str(res.call.meta["child"]))
 
     def _run_orphaned_calls(self, session_id: str) -> None:
         """Dispatched calls nobody runs (this process died before running them, and no worker is

@@ -20,7 +20,8 @@ from celery_agents.tools.output import bound_outcome
 
 @dataclass
 class CallRun:
-    """What running a dispatched call did: `status` ok, already (final before), busy, unknown, missing."""
+    """What running a dispatched call did: `status` ok, already (final before), busy, unknown, missing;
+    for a sub-agent call also started (its child was made now) or running (its child goes on)."""
 
     status: str
     finished: Finished | None = None
