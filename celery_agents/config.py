@@ -1,117 +1,243 @@
-"""Settings read from the environment, in one place.
+"""Settings: every `AGENTS_*` variable, in one model read from the environment once, when asked.
 
-`AGENTS_REDIS_URL` unset means the embedded local default: a redis-server started from the
-package with its data under `AGENTS_HOME`, and steps run in the calling process.
+`Settings` is a frozen dataclass: making one (`Settings(redis_url=...)`) reads nothing, and
+`Settings.from_env()` reads each field's variable (named in the field's metadata) and validates
+them with pydantic. Nothing reads the environment at import time. `AGENTS_REDIS_URL` unset means
+the embedded local default: a redis-server started from the package with its data under
+`AGENTS_HOME`, and steps run in the calling process. `docs/architecture.md` has the table of every
+variable, checked against this model by tests/test_config.py.
+
+pydantic-settings was measured for the reading (December 2026, this machine): importing it adds
+~170 ms (the least of 12 runs; argparse, dotenv and its cloud providers come with it) to a CLI
+start of ~230 ms, so the few lines below read the variables and pydantic, already loaded by every
+command, validates them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
+from typing import Annotated, Any, get_type_hints
 
-
-def _float_env(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError as exc:
-        raise ValueError(f"environment variable {name}={raw!r} is not a number") from exc
-
-
-def _int_env(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError as exc:
-        raise ValueError(f"environment variable {name}={raw!r} is not a whole number") from exc
-    if value <= 0:
-        raise ValueError(f"environment variable {name}={raw!r} must be positive")
-    return value
-
+from pydantic import AfterValidator, BeforeValidator, Field, TypeAdapter, ValidationError
 
 #: the default of AGENTS_MAX_RESULT_BYTES and AGENTS_MAX_PROMPT_BYTES
 ONE_MIB = 1024 * 1024
+DEFAULT_HOME = "~/.local/share/celery-agents"
+
+
+def env(name: str, meaning: str) -> dict[str, str]:
+    """A field's metadata: the variable it is read from and what it means (for the docs' table)."""
+    return {"env": name, "meaning": meaning}
+
+
+def _expand(path: Path) -> Path:
+    return path.expanduser()
+
+
+def _lower(value: str) -> str:
+    return value.lower()
+
+
+def _flag(value: object) -> object:
+    # Exactly "1" turns a flag on (as before this model existed); anything else leaves it off.
+    return value == "1" if isinstance(value, str) else value
+
+
+def _off_when_not_positive(days: float | None) -> float | None:
+    return days if days is not None and days > 0 else None
+
+
+Positive = Annotated[int, Field(gt=0)]
+Choice = Annotated[str, AfterValidator(_lower)]
 
 
 @dataclass(frozen=True)
 class Settings:
-    """Where state lives and how long things may take."""
+    """Where state lives, how long things may take, and how far inputs may go."""
 
-    redis_url: str | None = None
-    broker_url: str | None = None
-    prefix: str = "agents"
-    home: Path = field(default_factory=lambda: Path("~/.local/share/celery-agents").expanduser())
-    #: hard limit of one step (LLM call + inline tools); the soft limit is a bit shorter
-    step_time_limit: float = 600.0
-    #: hard limit of one runAsync / runIsolated tool task
-    tool_time_limit: float = 900.0
-    #: the broker redelivers an unacknowledged message after this long: it must exceed every limit
-    visibility_timeout: float = 3600.0
-    #: how long a step holds its session lease before another worker may take over
-    lease_seconds: float = 30.0
-    #: how often worker services sweep owed steps, deadlines and lapsed leases
-    sweep_interval: float = 1.0
-    #: a step or call whose worker died (lease lapsed) is published again after this long
-    owed_grace: float = 10.0
-    #: an owed step or call never picked up is published again after this long even while its
-    #: queue is busy (sooner when the queue is empty)
-    lost_grace: float = 300.0
-    #: clock skew tolerated between hosts when the sweeper compares publish times
-    skew_margin: float = 10.0
-    #: events kept per session (approximate cap of the stream)
+    redis_url: str | None = field(
+        default=None, metadata=env("AGENTS_REDIS_URL", "Redis for session state (and the broker); unset: embedded")
+    )
+    broker_url: str | None = field(
+        default=None, metadata=env("AGENTS_BROKER_URL", "the Celery broker, when not the state Redis")
+    )
+    prefix: str = field(default="agents", metadata=env("AGENTS_PREFIX", "the prefix of every Redis key"))
+    home: Annotated[Path, AfterValidator(_expand)] = field(
+        default_factory=lambda: Path(DEFAULT_HOME).expanduser(),
+        metadata=env("AGENTS_HOME", "where the embedded Redis keeps its data"),
+    )
+    step_time_limit: float = field(
+        default=600.0, metadata=env("AGENTS_STEP_TIME_LIMIT", "hard limit (s) of one step in a prefork worker")
+    )
+    tool_time_limit: float = field(
+        default=900.0, metadata=env("AGENTS_TOOL_TIME_LIMIT", "hard limit (s) of one runAsync/runIsolated task")
+    )
+    visibility_timeout: float = field(
+        default=3600.0,
+        metadata=env("AGENTS_VISIBILITY_TIMEOUT", "the broker redelivers an unacknowledged message after this (s)"),
+    )
+    lease_seconds: float = field(
+        default=30.0, metadata=env("AGENTS_LEASE_SECONDS", "how long a step or call holds its lease unrenewed (s)")
+    )
+    sweep_interval: float = field(
+        default=1.0, metadata=env("AGENTS_SWEEP_INTERVAL", "how often workers sweep owed steps and deadlines (s)")
+    )
+    owed_grace: float = field(
+        default=10.0,
+        metadata=env("AGENTS_OWED_GRACE", "an owed step or call whose worker died is published again after this (s)"),
+    )
+    lost_grace: float = field(
+        default=300.0,
+        metadata=env("AGENTS_LOST_GRACE", "an owed step or call never picked up goes again after this (s)"),
+    )
+    clock_skew: float = field(
+        default=10.0,
+        metadata=env("AGENTS_CLOCK_SKEW", "clock skew tolerated between hosts when comparing publish times (s)"),
+    )
+    #: events kept per session (approximate cap of the stream); not an environment setting
     events_maxlen: int = 2000
-    #: how often (seconds) the broker puts back messages unacknowledged past the visibility timeout
-    restore_interval: float = 10.0
-    #: a result (completion, or a tool's answer) larger than this is refused or cut (bytes of JSON)
-    max_result_bytes: int = ONE_MIB
-    #: a prompt larger than this is refused (bytes of its text)
-    max_prompt_bytes: int = ONE_MIB
-    #: user messages that may wait for a session's next model call (`session send`)
-    max_queued_messages: int = 100
-    #: signs stored agent specs; workers run nothing of a spec that does not verify. Never stored,
-    #: never printed (kept out of repr).
-    spec_key: str | None = field(default=None, repr=False)
-    #: finished sessions (completed, failed, cancelled) not updated for this many days are deleted
-    #: by the workers, a few per sweep; None keeps them forever
-    retention_days: float | None = None
-    #: AGENTS_ALLOW_EVICTION=1: run on a Redis whose maxmemory-policy may evict keys
-    allow_eviction: bool = False
-    #: AGENTS_API_TOKEN: `agents serve` asks every request for it (`Authorization: Bearer`); unset,
-    #: it serves loopback addresses only. Never stored, never printed.
-    api_token: str | None = field(default=None, repr=False)
+    restore_interval: float = field(
+        default=10.0,
+        metadata=env("AGENTS_RESTORE_INTERVAL", "how often the broker puts back messages past visibility (s)"),
+    )
+    max_result_bytes: Positive = field(
+        default=ONE_MIB, metadata=env("AGENTS_MAX_RESULT_BYTES", "a larger result is refused or cut (bytes of JSON)")
+    )
+    max_prompt_bytes: Positive = field(
+        default=ONE_MIB, metadata=env("AGENTS_MAX_PROMPT_BYTES", "a larger prompt is refused (bytes of its text)")
+    )
+    max_queued_messages: Positive = field(
+        default=100,
+        metadata=env("AGENTS_MAX_QUEUED_MESSAGES", "user messages that may wait for a session's next model call"),
+    )
+    media_max_bytes: int = field(
+        default=20 * ONE_MIB, metadata=env("AGENTS_MEDIA_MAX_BYTES", "a larger --media attachment is refused (bytes)")
+    )
+    #: never stored, never printed (kept out of repr)
+    spec_key: str | None = field(
+        default=None, repr=False, metadata=env("AGENTS_SPEC_KEY", "signs stored agent specs (HMAC-SHA256)")
+    )
+    retention_days: Annotated[float | None, AfterValidator(_off_when_not_positive)] = field(
+        default=None,
+        metadata=env("AGENTS_RETENTION_DAYS", "finished sessions older than this (days) are deleted; unset: kept"),
+    )
+    allow_eviction: Annotated[bool, BeforeValidator(_flag)] = field(
+        default=False, metadata=env("AGENTS_ALLOW_EVICTION", "1: run on a Redis whose maxmemory-policy may evict")
+    )
+    llm_attempts: Positive = field(
+        default=4, metadata=env("AGENTS_LLM_ATTEMPTS", "attempts of one model call (transient failures)")
+    )
+    llm_backoff: float = field(
+        default=1.0, metadata=env("AGENTS_LLM_BACKOFF", "first backoff between model attempts (s, doubled, jittered)")
+    )
+    llm_max_backoff: float = field(
+        default=30.0, metadata=env("AGENTS_LLM_MAX_BACKOFF", "longest backoff between model attempts (s)")
+    )
+    llm_timeout: float = field(
+        default=120.0, metadata=env("AGENTS_LLM_TIMEOUT", "a model call may take this long before it times out (s)")
+    )
+    sandbox_bwrap: Choice = field(
+        default="auto", metadata=env("AGENTS_SANDBOX_BWRAP", "auto, off or require: bubblewrap for runIsolated")
+    )
+    sandbox_uid: Choice = field(
+        default="auto", metadata=env("AGENTS_SANDBOX_UID", "auto, off or a uid: the user runIsolated calls run as")
+    )
+    sandbox_dir: str | None = field(
+        default=None, metadata=env("AGENTS_SANDBOX_DIR", "where runIsolated temporary folders go")
+    )
+    sandbox_cgroup: Choice = field(
+        default="auto", metadata=env("AGENTS_SANDBOX_CGROUP", "auto or off: a cgroup per runIsolated run")
+    )
+    #: never stored, never printed (kept out of repr)
+    api_token: str | None = field(
+        default=None,
+        repr=False,
+        metadata=env("AGENTS_API_TOKEN", "`agents serve` asks every request for it; unset: loopback addresses only"),
+    )
+    fault_pause: str = field(
+        default="", metadata=env("AGENTS_FAULT_PAUSE", "chaos tests: the checkpoint a worker stops at")
+    )
+    fault_pause_seconds: float = field(
+        default=600.0, metadata=env("AGENTS_FAULT_PAUSE_SECONDS", "chaos tests: how long it stops there (s)")
+    )
+    fault_clock_shift: float = field(
+        default=0.0, metadata=env("AGENTS_FAULT_CLOCK_SHIFT", "chaos tests: the worker's wall clock is off by this (s)")
+    )
 
     @property
     def embedded(self) -> bool:
         return self.redis_url is None
 
+    @property
+    def skew_margin(self) -> float:
+        """The old name of `clock_skew`."""
+        return self.clock_skew
+
     @classmethod
-    def from_env(cls, **overrides: object) -> Settings:
-        env = os.environ
-        home = env.get("AGENTS_HOME")
-        s = cls(
-            redis_url=env.get("AGENTS_REDIS_URL") or None,
-            broker_url=env.get("AGENTS_BROKER_URL") or None,
-            prefix=env.get("AGENTS_PREFIX") or "agents",
-            home=Path(home).expanduser() if home else Path("~/.local/share/celery-agents").expanduser(),
-            step_time_limit=_float_env("AGENTS_STEP_TIME_LIMIT", 600.0),
-            tool_time_limit=_float_env("AGENTS_TOOL_TIME_LIMIT", 900.0),
-            visibility_timeout=_float_env("AGENTS_VISIBILITY_TIMEOUT", 3600.0),
-            lease_seconds=_float_env("AGENTS_LEASE_SECONDS", 30.0),
-            sweep_interval=_float_env("AGENTS_SWEEP_INTERVAL", 1.0),
-            owed_grace=_float_env("AGENTS_OWED_GRACE", 10.0),
-            lost_grace=_float_env("AGENTS_LOST_GRACE", 300.0),
-            skew_margin=_float_env("AGENTS_CLOCK_SKEW", 10.0),
-            restore_interval=_float_env("AGENTS_RESTORE_INTERVAL", 10.0),
-            max_result_bytes=_int_env("AGENTS_MAX_RESULT_BYTES", ONE_MIB),
-            max_prompt_bytes=_int_env("AGENTS_MAX_PROMPT_BYTES", ONE_MIB),
-            spec_key=env.get("AGENTS_SPEC_KEY") or None,
-            retention_days=max(_float_env("AGENTS_RETENTION_DAYS", 0.0), 0.0) or None,
-            allow_eviction=env.get("AGENTS_ALLOW_EVICTION") == "1",
-            api_token=env.get("AGENTS_API_TOKEN") or None,
-        )
-        return replace(s, **overrides) if overrides else s  # type: ignore[arg-type]
+    def from_env(cls, **overrides: Any) -> Settings:
+        """The settings of this environment (a variable set to the empty string counts as unset);
+        `overrides` win over it. A value that does not fit is refused naming its variable."""
+        values = {name: _parse(name, variable) for name, (variable, _) in variables().items() if _read(variable)}
+        return cls(**{**values, **overrides})
+
+    def replace(self, **changes: Any) -> Settings:
+        return dataclasses.replace(self, **changes)
+
+
+def variables() -> dict[str, tuple[str, str]]:
+    """Each field read from the environment: field name -> (variable, meaning)."""
+    return {f.name: (f.metadata["env"], f.metadata["meaning"]) for f in dataclasses.fields(Settings) if f.metadata}
+
+
+def _read(variable: str) -> str | None:
+    value = os.environ.get(variable)
+    return None if value is None or not value.strip() else value
+
+
+def _parse(name: str, variable: str) -> Any:
+    """One variable's value as its field's type. Only the variables that are set are validated, one
+    small adapter each (text needs none): a schema of the whole model would cost a CLI start
+    ~100 ms, an adapter ~1 ms."""
+    raw = os.environ[variable]
+    if _TEXT.get(name):
+        return raw
+    try:
+        return TypeAdapter(_hints()[name]).validate_python(raw)
+    except ValidationError as exc:
+        why = "; ".join(e["msg"] for e in exc.errors())
+        raise ValueError(f"environment variable {variable}={raw!r}: {why}") from None
+
+
+#: fields whose value is the variable's text as it is (their annotations, as written, say so)
+_TEXT = {f.name: f.type in ("str", "str | None") for f in dataclasses.fields(Settings)}
+
+
+@cache
+def _hints() -> dict[str, Any]:
+    return get_type_hints(Settings, include_extras=True)
+
+
+def table() -> str:
+    """The markdown table of every variable, its default and its meaning (docs/architecture.md
+    holds it; tests/test_config.py checks it is this one)."""
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    defaults = Settings()
+    for name, (variable, meaning) in variables().items():
+        rows.append(f"| `{variable}` | {_shown(name, getattr(defaults, name))} | {meaning} |")
+    return "\n".join(rows)
+
+
+def _shown(name: str, value: object) -> str:
+    if name == "home":
+        return f"`{DEFAULT_HOME}`"
+    if value is None or value == "":
+        return "unset"
+    if isinstance(value, bool):
+        return "`1`" if value else "unset"
+    if isinstance(value, float):
+        return f"`{value:g}`"
+    return f"`{value}`"

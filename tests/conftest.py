@@ -1,5 +1,20 @@
 """Shared fixtures: real Redis (a private server per test session), isolated key prefixes, the
-scripted model server, agent files, clients, stores (real Redis and fakeredis)."""
+scripted model server, agent files, clients, stores (real Redis and fakeredis).
+
+Worker processes (real `agents worker`s), cheapest first — keep the suite well under 10 minutes:
+- `tests.support.workers.Worker(env, ...)`: one worker. It is forked from the run's warm launcher
+  (tests/support/launcher.py: litellm, Celery... imported once per run), so a start costs ~2 s of
+  CPU instead of ~10 s; `fork=False` execs a fresh interpreter (tests of the worker's own start or
+  of what its /proc environ shows). Give it `worker_env(redis_url, prefix, **AGENTS_settings)`;
+  a new prefix keeps a module's data apart on the one private Redis.
+- e2e (`tests/e2e/conftest.py`): `workers`, two workers shared by a module (`module_prefix`,
+  `module_settings`); `start_workers(...)` for a module fixture of your own configuration.
+- cli (`tests/cli/conftest.py`): `cli_worker`, one worker for the whole package (`cli_prefix`).
+- chaos (`tests/chaos/conftest.py`): `fleet`, workers started and SIGKILLed by one test.
+Share a fleet across a module (scope="module") whenever tests do not kill or reconfigure it, start
+workers together and wait for them after (`start_workers`), and wait on Redis (`wait_for` on a
+key) rather than sleeping.
+"""
 
 from __future__ import annotations
 

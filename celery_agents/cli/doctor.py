@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from celery_agents.store import COMPLETIONS_GROUP, CompletionStream
-from celery_agents.store.keys import STORED_STATES
+from celery_agents.config import Settings
+from celery_agents.model.recovery import worker_died
+from celery_agents.store import Store
+from celery_agents.store.health import Backlog
 from celery_agents.tasks.config import QUEUES
 from celery_agents.tasks.queues import QueueProbe
+
+if TYPE_CHECKING:
+    from celery_agents.client import Client
+
+#: one line of the report: name, ok, detail, and `fails_doctor` when a failure fails doctor
+Check = dict[str, Any]
 
 _SANDBOX_PARTS = (
     ("own_uid", "a uid per call"),
@@ -23,9 +31,9 @@ _SANDBOX_PARTS = (
 COMPLETIONS_STUCK_S = 30.0
 
 
-def _completions_check(store: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+def _completions_check(store: Store) -> tuple[Check, dict[str, Any]]:
     """The completions stream's consumer group: (check, figures)."""
-    cs = CompletionStream(store.client, store.keys.completions, COMPLETIONS_GROUP).state()
+    cs = store.completion_stream().state()
     stuck = cs.oldest_s is not None and cs.oldest_s > COMPLETIONS_STUCK_S
     unread = "?" if cs.lag is None else cs.lag
     detail = f"{cs.waiting} waiting ({cs.pending} read but not acknowledged, {unread} unread)"
@@ -41,28 +49,10 @@ def _redact(url: str) -> str:
     return re.sub(r"//([^@/]*)@", "//***@", url)
 
 
-def _lapsed_leases(store: Any, older_than: float, limit: int = 1000) -> int:
-    """Steps and dispatched calls a worker picked up whose lease lapsed without an outcome."""
-    r, k = store.client, store.keys
-    cutoff = int(older_than * 1000)
-    owed = r.zrangebyscore(k.owed, "-inf", cutoff, start=0, num=limit)
-    calls = [m.split(" ", 1) for m in r.zrangebyscore(k.dispatched, "-inf", cutoff, start=0, num=limit)]
-    pipe = r.pipeline(transaction=False)
-    for sid in owed:
-        pipe.hmget(k.meta(sid), ["version", "picked"])
-        pipe.exists(k.lease(sid))
-    for sid, field in calls:
-        pipe.exists(k.call_started(sid, field))
-        pipe.exists(k.call_lease(sid, field))
-    rows = pipe.execute()
-    n = 0
-    for i in range(len(owed)):
-        (version, picked), leased = rows[2 * i], rows[2 * i + 1]
-        n += int(version is not None and picked == version and not leased)
-    base = 2 * len(owed)
-    for i in range(len(calls)):
-        n += int(bool(rows[base + 2 * i]) and not rows[base + 2 * i + 1])
-    return n
+def _lapsed_leases(store: Store, older_than: float) -> int:
+    """Steps and dispatched calls a worker picked up whose lease lapsed without an outcome: those
+    the sweeper publishes again because their worker died (`model.recovery`)."""
+    return sum(worker_died(entry) for entry in store.due_entries(older_than))
 
 
 def _sandbox_check(worker: dict[str, Any]) -> dict[str, Any]:
@@ -85,59 +75,90 @@ def _sandbox_check(worker: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def diagnose(client: Any) -> dict[str, Any]:
-    settings = client.settings
-    store = client.store
-    r = store.client
-    k = store.keys
-    checks: list[dict[str, Any]] = []
-    info = r.info()
-    checks.append(
-        {
-            "name": "redis",
-            "ok": True,
-            "detail": f"redis {info.get('redis_version')} at "
-            + (_redact(settings.redis_url) if settings.redis_url else f"embedded ({settings.home})"),
-        }
-    )
-    try:
-        aof = r.config_get("appendonly").get("appendonly")
-        fsync = r.config_get("appendfsync").get("appendfsync")
-        policy = r.config_get("maxmemory-policy").get("maxmemory-policy")
-    except Exception:  # managed Redis may forbid CONFIG
-        aof = fsync = policy = None
-    if aof is not None:
-        checks.append(
-            {
-                "name": "persistence",
-                "ok": aof == "yes",
-                "detail": f"appendonly {aof}, appendfsync {fsync}"
-                + ("" if aof == "yes" else " — turn AOF on or a restart loses sessions and completions")
-                + (
-                    " (a power cut loses up to ~1 s of acknowledged writes; `always` loses none)"
-                    if aof == "yes" and fsync == "everysec"
-                    else ""
-                ),
-            }
-        )
-    if policy is not None:
-        checks.append(
-            {
-                "name": "eviction",
-                "ok": policy == "noeviction",
-                "detail": f"maxmemory-policy {policy}"
-                + ("" if policy == "noeviction" else " — use noeviction or Redis may drop session state"),
-            }
-        )
+def diagnose(client: Client) -> dict[str, Any]:
+    settings, store = client.settings, client.store
     workers = store.live_workers()
-    checks.append(
-        {
-            "name": "workers",
-            "ok": bool(workers) or client.inline,
-            "detail": f"{len(workers)} alive"
-            + ("" if workers or client.inline else " — start one with `agents worker`"),
-        }
-    )
+    queues = _queue_depths(settings, store)
+    now = store.server_time()  # owed and deadline scores are Redis times
+    backlog = store.backlog(now, settings.owed_grace)
+    lapsed = _lapsed_leases(store, now - settings.owed_grace)
+    went_back, rewound = store.rewound()
+    completions_check, completions = _completions_check(store)
+    checks = [
+        *_redis_checks(settings, store),
+        *_worker_checks(settings, workers, client.inline),
+        *_queue_checks(settings, queues, workers, client.inline),
+        *_backlog_checks(settings, backlog, lapsed, bool(workers)),
+        _rewound_check(went_back, rewound),
+        completions_check,
+        _poison_check(backlog.poison, store.keys.poison),
+    ]
+    sampled, sampled_bytes = store.memory_per_session()
+    return {
+        "ok": all(c["ok"] for c in checks if c["name"] in _FAILING or c.get("fails_doctor")),
+        "mode": "inline" if client.inline else "queue",
+        "prefix": settings.prefix,
+        "checks": checks,
+        "workers": workers,
+        "queues": queues,
+        "owed_steps": backlog.owed,
+        "lapsed_leases": lapsed,
+        "pending_calls": backlog.pending,
+        "overdue_deadlines": backlog.overdue,
+        "rejected_completions": backlog.rejected,
+        "rewound_sessions": rewound,
+        "completions": completions,
+        "poison_messages": backlog.poison,
+        "recent_rejections": store.recent_rejections() if backlog.rejected else [],
+        "sessions": backlog.sessions,
+        # MEMORY USAGE of the most recent sessions' keys, averaged: what one more session costs.
+        "memory_per_session_bytes": sampled_bytes // sampled if sampled else None,
+        # The workers purge: their setting is the one that holds (the shortest, if they differ).
+        "retention_days": min(
+            (w["retention_days"] for w in workers if w.get("retention_days")), default=settings.retention_days
+        ),
+    }
+
+
+#: checks that fail doctor (the others warn), besides those marked `fails_doctor`
+_FAILING = ("redis", "broker", "workers", "owed steps", "queues", "completions")
+
+
+def _queue_depths(settings: Settings, store: Store) -> dict[str, int | None]:
+    probe = QueueProbe(settings, store.client)
+    try:
+        return {q: head.depth for q, head in probe.heads(QUEUES).items()}
+    finally:
+        probe.close()
+
+
+def _redis_checks(settings: Settings, store: Store) -> list[Check]:
+    """The server, its persistence and its eviction policy (where CONFIG may be read)."""
+    where = _redact(settings.redis_url) if settings.redis_url else f"embedded ({settings.home})"
+    checks: list[Check] = [
+        {"name": "redis", "ok": True, "detail": f"redis {store.server_info().get('redis_version')} at {where}"}
+    ]
+    config = store.durability_config()
+    aof, fsync, policy = (config.get(n) for n in ("appendonly", "appendfsync", "maxmemory-policy"))
+    if aof is not None:
+        detail = f"appendonly {aof}, appendfsync {fsync}"
+        if aof != "yes":
+            detail += " — turn AOF on or a restart loses sessions and completions"
+        elif fsync == "everysec":
+            detail += " (a power cut loses up to ~1 s of acknowledged writes; `always` loses none)"
+        checks.append({"name": "persistence", "ok": aof == "yes", "detail": detail})
+    if policy is not None:
+        warning = "" if policy == "noeviction" else " — use noeviction or Redis may drop session state"
+        checks.append(
+            {"name": "eviction", "ok": policy == "noeviction", "detail": f"maxmemory-policy {policy}{warning}"}
+        )
+    return checks
+
+
+def _worker_checks(settings: Settings, workers: list[dict[str, Any]], inline: bool) -> list[Check]:
+    """Live workers, how each isolated one confines calls, and whether specs are signed."""
+    hint = "" if workers or inline else " — start one with `agents worker`"
+    checks: list[Check] = [{"name": "workers", "ok": bool(workers) or inline, "detail": f"{len(workers)} alive{hint}"}]
     checks += [_sandbox_check(w) for w in workers if w.get("sandbox") is not None]
     if not settings.embedded:
         checks.append(
@@ -149,113 +170,64 @@ def diagnose(client: Any) -> dict[str, Any]:
                 else "AGENTS_SPEC_KEY is unset — whoever can write to this Redis can make workers run their code",
             }
         )
-    probe = QueueProbe(settings, r)
-    queues = {q: head.depth for q, head in probe.heads(QUEUES).items()}
-    probe.close()
+    return checks
+
+
+def _queue_checks(
+    settings: Settings, queues: dict[str, int | None], workers: list[dict[str, Any]], inline: bool
+) -> list[Check]:
+    """The broker can be read, and every queue holding messages has a worker."""
+    checks: list[Check] = []
     if settings.broker_url:
         readable = None not in queues.values()
-        checks.append(
-            {
-                "name": "broker",
-                "ok": readable,
-                "detail": _redact(settings.broker_url)
-                + ("" if readable else " — cannot read its queues (is it up? are the credentials right?)"),
-            }
-        )
-    now = store.server_time()  # owed and deadline scores are Redis times
-    owed = int(r.zcount(k.owed, "-inf", "+inf"))
-    stuck = int(r.zcount(k.owed, "-inf", int((now - settings.owed_grace) * 1000)))
-    pending = int(r.zcard(k.pending_all))
-    overdue = int(r.zcount(k.deadlines, "-inf", int(now * 1000)))
-    rejected = int(r.xlen(k.rejected)) if r.exists(k.rejected) else 0
-    states = {s: int(r.zcard(k.state_index(s))) for s in STORED_STATES}
-    lapsed = _lapsed_leases(store, now - settings.owed_grace)
+        unreadable = "" if readable else " — cannot read its queues (is it up? are the credentials right?)"
+        checks.append({"name": "broker", "ok": readable, "detail": _redact(settings.broker_url) + unreadable})
     served = {q for w in workers for q in w.get("queues", [])}
     unserved = {q: n for q, n in queues.items() if n and q not in served}
-    if not client.inline or unserved:
-        checks.append(
-            {
-                "name": "queues",
-                "ok": not unserved,
-                "detail": "every queue holding messages has a worker"
-                if not unserved
-                else "; ".join(
-                    f"{n} message(s) wait on {q}, which no live worker consumes (agents worker --queues {q})"
-                    for q, n in unserved.items()
-                ),
-            }
+    if not inline or unserved:
+        detail = "; ".join(
+            f"{n} message(s) wait on {q}, which no live worker consumes (agents worker --queues {q})"
+            for q, n in unserved.items()
         )
-    sampled, sampled_bytes = store.memory_per_session()
-    checks.append(
+        checks.append(
+            {"name": "queues", "ok": not unserved, "detail": detail or "every queue holding messages has a worker"}
+        )
+    return checks
+
+
+def _backlog_checks(settings: Settings, backlog: Backlog, lapsed: int, workers: bool) -> list[Check]:
+    """Work whose worker died, and owed steps waiting past the grace (fine while workers run)."""
+    takeover = "" if not lapsed or workers else " — a worker takes them over once one runs"
+    return [
         {
             "name": "leases",
-            "ok": lapsed == 0 or bool(workers),
-            "detail": f"{lapsed} step(s) or call(s) whose worker stopped renewing its lease"
-            + ("" if not lapsed or workers else " — a worker takes them over once one runs"),
-        }
-    )
-    checks.append(
+            "ok": lapsed == 0 or workers,
+            "detail": f"{lapsed} step(s) or call(s) whose worker stopped renewing its lease{takeover}",
+        },
         {
             "name": "owed steps",
-            "ok": stuck == 0 or bool(workers),
-            "detail": f"{owed} owed, {stuck} waiting longer than {settings.owed_grace:g} s",
-        }
-    )
-    went_back, rewound = store.rewound()
-    checks.append(
-        {
-            "name": "rewound sessions",
-            # A warning: the writes are gone; workers re-read those sessions and go on from what is stored.
-            "ok": went_back == 0,
-            "detail": f"{went_back} session(s) found older than a worker had read them"
-            + (
-                ""
-                if not went_back
-                else " — Redis lost acknowledged writes (failover or power cut with appendfsync everysec): "
-                + ", ".join(rewound)
-            ),
-        }
-    )
-    completions_check, completions = _completions_check(store)
-    checks.append(completions_check)
-    poison = int(r.llen(k.poison))
-    checks.append(
-        {
-            "name": "poison messages",
-            "ok": poison == 0,  # a warning: the workers set them aside and went on
-            "detail": f"{poison} queue message(s) no worker could read, set aside in {k.poison}"
-            + (" — see them with LRANGE, then DEL the list" if poison else ""),
-        }
-    )
-    last_rejected = [{"id": eid, **fields} for eid, fields in (r.xrevrange(k.rejected, count=5) if rejected else [])]
+            "ok": backlog.stuck == 0 or workers,
+            "detail": f"{backlog.owed} owed, {backlog.stuck} waiting longer than {settings.owed_grace:g} s",
+        },
+    ]
+
+
+def _rewound_check(went_back: int, rewound: dict[str, dict[str, Any]]) -> Check:
+    detail = f"{went_back} session(s) found older than a worker had read them"
+    if went_back:
+        detail += " — Redis lost acknowledged writes (failover or power cut with appendfsync everysec): " + ", ".join(
+            rewound
+        )
+    # A warning: the writes are gone; workers re-read those sessions and go on from what is stored.
+    return {"name": "rewound sessions", "ok": went_back == 0, "detail": detail}
+
+
+def _poison_check(poison: int, key: str) -> Check:
     return {
-        "ok": all(
-            c["ok"]
-            for c in checks
-            if c["name"] in ("redis", "broker", "workers", "owed steps", "queues", "completions")
-            or c.get("fails_doctor")
-        ),
-        "mode": "inline" if client.inline else "queue",
-        "prefix": settings.prefix,
-        "checks": checks,
-        "workers": workers,
-        "queues": queues,
-        "owed_steps": owed,
-        "lapsed_leases": lapsed,
-        "pending_calls": pending,
-        "overdue_deadlines": overdue,
-        "rejected_completions": rejected,
-        "rewound_sessions": rewound,
-        "completions": completions,
-        "poison_messages": poison,
-        "recent_rejections": last_rejected,
-        "sessions": states,
-        # MEMORY USAGE of the most recent sessions' keys, averaged: what one more session costs.
-        "memory_per_session_bytes": sampled_bytes // sampled if sampled else None,
-        # The workers purge: their setting is the one that holds (the shortest, if they differ).
-        "retention_days": min(
-            (w["retention_days"] for w in workers if w.get("retention_days")), default=settings.retention_days
-        ),
+        "name": "poison messages",
+        "ok": poison == 0,  # a warning: the workers set them aside and went on
+        "detail": f"{poison} queue message(s) no worker could read, set aside in {key}"
+        + (" — see them with LRANGE, then DEL the list" if poison else ""),
     }
 
 

@@ -117,10 +117,11 @@ def _command(as_json: bool, inline: bool = False) -> Iterator[Any]:
                 client.close()
 
 
-def _prompt(prompts: list[str] | None, files: list[str] | None, media: list[str] | None) -> Any:
+def _prompt(media_max_bytes: int, prompts: list[str] | None, files: list[str] | None, media: list[str] | None) -> Any:
     from celery_agents.cli.prompt import build_query, ordered_parts
 
-    return build_query(ordered_parts(_ARGV or sys.argv[1:], prompts or [], files or [], media or []))
+    parts = ordered_parts(_ARGV or sys.argv[1:], prompts or [], files or [], media or [])
+    return build_query(parts, media_max_bytes)
 
 
 def _print_view(view: Any, as_json: bool, thinking: Thinking = Thinking.none, answer_to_stdout: bool = False) -> None:
@@ -231,7 +232,7 @@ def _advance(
     on Ctrl-C after saying what became of the session."""
     with _command(as_json, inline) as client:
         spec = _load_agent(agent_file) if agent_file is not None else None
-        query = _prompt(*prompt) if prompt is not None else None
+        query = _prompt(client.settings.media_max_bytes, *prompt) if prompt is not None else None
         if session_id is not None:
             session_id = client.resolve(session_id)
         if warn:

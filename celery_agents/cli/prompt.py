@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import mimetypes
-import os
 import re
 import sys
 from pathlib import Path
@@ -12,7 +11,6 @@ from pathlib import Path
 from celery_agents.errors import InvalidInput, InvalidResult, UnknownToken
 from celery_agents.model import Media, UserQuery
 
-MEDIA_MAX_BYTES = int(os.environ.get("AGENTS_MEDIA_MAX_BYTES", str(20 * 1024 * 1024)))
 _FLAGS = {"-p": "prompt", "--prompt": "prompt", "--file": "file", "-f": "file", "--media": "media", "-m": "media"}
 
 
@@ -37,7 +35,8 @@ def ordered_parts(argv: list[str], prompts: list[str], files: list[str], media: 
     return expected
 
 
-def build_query(parts: list[tuple[str, str]]) -> UserQuery:
+def build_query(parts: list[tuple[str, str]], media_max_bytes: int) -> UserQuery:
+    """The query from the parts in order; an attachment may hold `media_max_bytes` at most."""
     texts: list[str] = []
     attachments: list[Media] = []
     for kind, value in parts:
@@ -46,7 +45,7 @@ def build_query(parts: list[tuple[str, str]]) -> UserQuery:
         elif kind == "file":
             texts.append(_read_text(value))
         else:
-            attachments.append(read_media(value))
+            attachments.append(read_media(value, media_max_bytes))
     text = "\n\n".join(t for t in texts if t.strip())
     if not text.strip() and not attachments:
         raise InvalidInput("give a prompt: -p TEXT, --file PATH or --media PATH (each may repeat)")
@@ -67,15 +66,15 @@ def _read_text(path: str) -> str:
         raise InvalidInput(f"--file {path}: cannot read it: {exc}") from None
 
 
-def read_media(path: str) -> Media:
+def read_media(path: str, max_bytes: int) -> Media:
     p = Path(path)
     try:
         size = p.stat().st_size
     except FileNotFoundError:
         raise InvalidInput(f"--media {path}: no such file") from None
-    if size > MEDIA_MAX_BYTES:
+    if size > max_bytes:
         raise InvalidInput(
-            f"--media {path}: {size} bytes is more than the limit of {MEDIA_MAX_BYTES} (AGENTS_MEDIA_MAX_BYTES)"
+            f"--media {path}: {size} bytes is more than the limit of {max_bytes} (AGENTS_MEDIA_MAX_BYTES)"
         )
     if size == 0:
         raise InvalidInput(f"--media {path}: the file is empty")

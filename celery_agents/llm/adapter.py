@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery_agents.backoff import exponential_backoff
+from celery_agents.config import Settings
 from celery_agents.llm.demo import register_demo_model
 from celery_agents.llm.errors import classify
 from celery_agents.model import LlmTurn, ToolCall, Usage
@@ -95,15 +96,15 @@ class RetryPolicy:
 
     @classmethod
     def from_env(cls) -> RetryPolicy:
-        def f(name: str, default: float) -> float:
-            raw = os.environ.get(name)
-            return float(raw) if raw else default
+        return cls.from_settings(Settings.from_env())
 
+    @classmethod
+    def from_settings(cls, settings: Settings) -> RetryPolicy:
         return cls(
-            attempts=int(f("AGENTS_LLM_ATTEMPTS", 4)),
-            backoff=f("AGENTS_LLM_BACKOFF", 1.0),
-            max_backoff=f("AGENTS_LLM_MAX_BACKOFF", 30.0),
-            timeout=f("AGENTS_LLM_TIMEOUT", 120.0),
+            attempts=settings.llm_attempts,
+            backoff=settings.llm_backoff,
+            max_backoff=settings.llm_max_backoff,
+            timeout=settings.llm_timeout,
         )
 
     def delay(self, attempt: int, retry_after: float | None) -> float:

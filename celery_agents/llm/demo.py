@@ -57,18 +57,7 @@ def demo_reply(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | Non
     last = messages[-1] if messages else {"role": "user", "content": ""}
     prompt_tokens = sum(len(json.dumps(m)) for m in messages) // 4
     if last.get("role") == "tool":
-        names: dict[str, str] = {}
-        for m in reversed(messages):
-            if m.get("role") == "assistant":
-                names = {c["id"]: c["function"]["name"] for c in m.get("tool_calls") or []}
-                break
-        tail = []
-        for m in reversed(messages):
-            if m.get("role") != "tool":
-                break
-            tail.append(m)
-        parts = [_describe(names.get(m["tool_call_id"], "a tool"), _text_of(m.get("content"))) for m in reversed(tail)]
-        text = " ".join(parts)
+        text = _summary(messages)
         return {
             "content": text,
             "reasoning": "All the tool results are in; I summarise them for the user.",
@@ -78,19 +67,7 @@ def demo_reply(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | Non
     query = _text_of(last.get("content"))
     match = _CITY.search(query)
     city = match.group(1) if match else None
-    calls: list[dict[str, Any]] = []
-    if _WEATHER.search(query) and city:
-        if "get_weather" in offered:
-            calls.append({"name": "get_weather", "arguments": {"city": city}})
-        if "get_forecast" in offered:
-            calls.append({"name": "get_forecast", "arguments": {"city": city, "days": 3}})
-    if _BOOK.search(query) and "book_table" in offered:
-        calls.append(
-            {
-                "name": "book_table",
-                "arguments": {"city": city or "Paris", "when": "tomorrow 12:30", "seats": 2, "terrace": True},
-            }
-        )
+    calls = _calls_for(query, city, offered)
     if calls:
         reasoning = (
             f"The user asks about {city or 'a booking'}. I will call "
@@ -111,6 +88,37 @@ def demo_reply(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | Non
     else:
         text = f"(offline demo model) You said: {query.strip()[:500]}"
     return {"content": text, "reasoning": None, "tool_calls": [], "usage": (prompt_tokens, len(text) // 4 + 1)}
+
+
+def _summary(messages: list[dict[str, Any]]) -> str:
+    """The answer from the tool results that end the conversation, in call order."""
+    names: dict[str, str] = {}
+    for m in reversed(messages):
+        if m.get("role") == "assistant":
+            names = {c["id"]: c["function"]["name"] for c in m.get("tool_calls") or []}
+            break
+    tail = []
+    for m in reversed(messages):
+        if m.get("role") != "tool":
+            break
+        tail.append(m)
+    return " ".join(
+        _describe(names.get(m["tool_call_id"], "a tool"), _text_of(m.get("content"))) for m in reversed(tail)
+    )
+
+
+def _calls_for(query: str, city: str | None, offered: set[str]) -> list[dict[str, Any]]:
+    """The demo tools a question asks for, among those offered."""
+    calls: list[dict[str, Any]] = []
+    if _WEATHER.search(query) and city:
+        if "get_weather" in offered:
+            calls.append({"name": "get_weather", "arguments": {"city": city}})
+        if "get_forecast" in offered:
+            calls.append({"name": "get_forecast", "arguments": {"city": city, "days": 3}})
+    if _BOOK.search(query) and "book_table" in offered:
+        arguments = {"city": city or "Paris", "when": "tomorrow 12:30", "seats": 2, "terrace": True}
+        calls.append({"name": "book_table", "arguments": arguments})
+    return calls
 
 
 _priced: set[str] = set()

@@ -23,7 +23,7 @@ from celery_agents.errors import AgentsError, InvalidEntry, InvalidResult, Token
 from celery_agents.model import CompletionOutcome, TrackedCall
 from celery_agents.model.limits import UnusableJson, check_depth, load_json
 from celery_agents.runtime.faults import checkpoint
-from celery_agents.store import COMPLETIONS_GROUP, CompletionStream, Store, completion_json
+from celery_agents.store import COMPLETIONS_GROUP, Store, completion_json
 
 log = logging.getLogger("celery_agents.completions")
 
@@ -112,7 +112,7 @@ class CompletionConsumer:
     ) -> None:
         self.store, self.name, self.wake, self.dispatch = store, name, wake, dispatch
         self.batch = batch
-        self.stream = CompletionStream(store.client, store.keys.completions, GROUP)
+        self.stream = store.completion_stream()
         self._taken_over = False
 
     def poll(self, block_ms: int | None = None) -> int:

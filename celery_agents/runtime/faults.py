@@ -6,30 +6,27 @@ point: after a model response is journaled, after a commit and before what follo
 and along a sub-agent call: `child_created`, `child_committed`, `child_finished` (before its
 parent's call records it), `parent_woken` (before the parent's step is published).
 With `AGENTS_FAULT_CLOCK_SHIFT=<seconds>`, a worker's wall clock reads that far off (`shift_clock`),
-as on a host whose clock is wrong.
+as on a host whose clock is wrong. Both are read with the worker's settings (`config.Settings`).
 """
 
 from __future__ import annotations
 
-import os
 import time
 
 from celery_agents.store import Store
 
-_PAUSE = os.environ.get("AGENTS_FAULT_PAUSE", "")
-
 
 def checkpoint(name: str, store: Store, session_id: str) -> None:
-    if not _PAUSE or name != _PAUSE:
+    settings = store.settings
+    if not settings.fault_pause or name != settings.fault_pause:
         return
-    store.client.set(store.keys.fault(name), session_id)
-    time.sleep(float(os.environ.get("AGENTS_FAULT_PAUSE_SECONDS", "600")))
+    store.mark_checkpoint(name, session_id)
+    time.sleep(settings.fault_pause_seconds)
 
 
-def shift_clock() -> None:
-    """Make this process's wall clock (`time.time`) read AGENTS_FAULT_CLOCK_SHIFT seconds ahead
-    (negative: behind); its monotonic clock is untouched, as on a host whose clock is off."""
-    shift = float(os.environ.get("AGENTS_FAULT_CLOCK_SHIFT") or 0)
+def shift_clock(shift: float) -> None:
+    """Make this process's wall clock (`time.time`) read `shift` seconds ahead (negative: behind);
+    its monotonic clock is untouched, as on a host whose clock is off."""
     if not shift:
         return
     real, real_ns = time.time, time.time_ns

@@ -250,62 +250,18 @@ def _parse_arguments(tool: str, raw: str) -> tuple[Any, str | None]:
 
 
 def _run_tools(snap: Snapshot, turn: LlmTurn, ports: Ports) -> Transition:
-    h, agent = snap.header, snap.agent
-    batch = len(snap.turns) - 1
     now = ports.clock.now()
     calls: list[TrackedCall] = []
     events: list[Event] = []
-    for position, tc in enumerate(turn.tool_calls):
-        disp = disposition_for(agent, tc.name)
-        args, arg_error = _parse_arguments(tc.name, tc.arguments)
-        call = TrackedCall(
-            call_id=tc.id,
-            tool=tc.name,
-            arguments=args,
-            raw_arguments=tc.arguments,
-            batch=batch,
-            position=position,
-            disposition=disp.tag,
-            reason=disp.reason,
-            created_at=now,
-        )
-        tool = agent.tool(tc.name)
-        sub = agent.sub_agent(tc.name) if tool is None else None
-        if sub is not None and arg_error is None:
-            arg_error = _prompt_error(args)
-            call = call.model_copy(update={"meta": {"child": child_session_id(h.session_id, call.field)}})
-        if position >= agent.max_tool_calls_per_turn:
-            call = _finish(call, CallOutcome(state="failed", attempts=0, error=_too_many(turn, agent)), now)
-        elif tool is None and sub is None:
-            call = _finish(call, CallOutcome(state="failed", attempts=0, error=agent.no_tool_named(tc.name)), now)
-        elif arg_error is not None:
-            call = _finish(call, CallOutcome(state="failed", attempts=0, error=arg_error), now)
-        elif disp.tag == "defer":
-            timeout = disp.timeout_seconds or agent.defer_timeout_seconds
-            call = call.model_copy(
-                update={
-                    "state": CallState.DEFERRED,
-                    "token": ports.ids.token(h.session_id),
-                    "expires_at": now + timeout,
-                }
-            )
-            events.append(
-                Event(
-                    EventType.TOKEN_CREATED, {"call_id": call.call_id, "tool": call.tool, "reason": call.reason or ""}
-                )
-            )
-        elif disp.tag in ("runAsync", "runIsolated"):
-            call = call.model_copy(update={"state": CallState.RUNNING})
-            events.append(
-                Event(EventType.TOOL_DISPATCHED, {"call_id": call.call_id, "tool": call.tool, "disposition": disp.tag})
-            )
+    for position in range(len(turn.tool_calls)):
+        call, event = _track(snap, turn, position, now, ports)
         calls.append(call)
+        if event is not None:
+            events.append(event)
     # runSync calls run inline, in the model's call order.
     for i, call in enumerate(calls):
         if call.disposition == "runSync" and call.state == CallState.READY:
-            started = ports.clock.now()
-            outcome = ports.tools.run(agent, h.session_id, call.model_copy(update={"started_at": started}))
-            calls[i] = _finish(call.model_copy(update={"started_at": started}), outcome, ports.clock.now())
+            calls[i] = _run_inline(snap, call, ports)
             events.append(
                 Event(
                     EventType.TOOL_FINISHED,
@@ -338,6 +294,57 @@ def _prompt_error(args: Any) -> str | None:
     if not isinstance(prompt, str) or not prompt.strip():
         return 'give the task as {"prompt": "..."}, a non-empty string'
     return None
+
+
+def _track(snap: Snapshot, turn: LlmTurn, position: int, now: float, ports: Ports) -> tuple[TrackedCall, Event | None]:
+    """The tracked call for the model's call at `position`, as its disposition leaves it: failed at
+    once (too many calls, no such tool, bad arguments), deferred behind a token, dispatched, or
+    ready to run inline; and the event that says so."""
+    agent, tc = snap.agent, turn.tool_calls[position]
+    disp = disposition_for(agent, tc.name)
+    args, arg_error = _parse_arguments(tc.name, tc.arguments)
+    call = TrackedCall(
+        call_id=tc.id,
+        tool=tc.name,
+        arguments=args,
+        raw_arguments=tc.arguments,
+        batch=len(snap.turns) - 1,
+        position=position,
+        disposition=disp.tag,
+        reason=disp.reason,
+        created_at=now,
+    )
+    if position >= agent.max_tool_calls_per_turn:
+        return _finish(call, CallOutcome(state="failed", attempts=0, error=_too_many(turn, agent)), now), None
+    if agent.sub_agent(tc.name) is not None:
+        # A delegation names its child session now: an id derived from the call (one child per call).
+        arg_error = arg_error or _prompt_error(args)
+        call = call.model_copy(update={"meta": {"child": child_session_id(snap.header.session_id, call.field)}})
+    elif agent.tool(tc.name) is None:
+        return _finish(call, CallOutcome(state="failed", attempts=0, error=agent.no_tool_named(tc.name)), now), None
+    if arg_error is not None:
+        return _finish(call, CallOutcome(state="failed", attempts=0, error=arg_error), now), None
+    if disp.tag == "defer":
+        timeout = disp.timeout_seconds or agent.defer_timeout_seconds
+        token = ports.ids.token(snap.header.session_id)
+        call = call.model_copy(update={"state": CallState.DEFERRED, "token": token, "expires_at": now + timeout})
+        return call, Event(
+            EventType.TOKEN_CREATED, {"call_id": call.call_id, "tool": call.tool, "reason": call.reason or ""}
+        )
+    if disp.tag in ("runAsync", "runIsolated"):
+        call = call.model_copy(update={"state": CallState.RUNNING})
+        return call, Event(
+            EventType.TOOL_DISPATCHED, {"call_id": call.call_id, "tool": call.tool, "disposition": disp.tag}
+        )
+    return call, None
+
+
+def _run_inline(snap: Snapshot, call: TrackedCall, ports: Ports) -> TrackedCall:
+    """Run a runSync call now; the call with its outcome."""
+    started = ports.clock.now()
+    call = call.model_copy(update={"started_at": started})
+    outcome = ports.tools.run(snap.agent, snap.header.session_id, call)
+    return _finish(call, outcome, ports.clock.now())
 
 
 def _too_many(turn: LlmTurn, agent: AgentSpec) -> str:

@@ -1,5 +1,5 @@
 """What the workers share besides sessions: heartbeats, the sweeper's turn, the completions
-stream and its consumer's lock, and the poison list."""
+stream and its consumer's lock, and the chaos tests' checkpoints."""
 
 from __future__ import annotations
 
@@ -46,6 +46,6 @@ class Fleet:
         """Entries in the completions stream (applied ones are deleted: these all wait)."""
         return int(self.client.xlen(self.keys.completions))
 
-    def poison_count(self) -> int:
-        """Queue messages no worker could read, set aside by the broker patch (tasks/broker.py)."""
-        return int(self.client.llen(self.keys.poison))
+    def mark_checkpoint(self, name: str, session_id: str) -> None:
+        """Chaos tests: this worker reached fault checkpoint `name` with `session_id` (runtime/faults.py)."""
+        self.client.set(self.keys.fault(name), session_id)

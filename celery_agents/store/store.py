@@ -3,7 +3,9 @@
 Every write that must be atomic is one script of `store/lua/`; reads are single round trips
 (a script or a pipeline). Writes per step carry only the step's new turns and calls. The parts:
 `core` (client, scripts, header, locks), `sessions`, `steps` (load, journal, commit), `calls`
-(outcomes, tokens, deadlines), `sweep` (outbox, dispatched calls) and `views`; stored shapes are
+(outcomes, tokens, deadlines), `sweep` (outbox, dispatched calls), `views`, `ledger` (a dispatched
+call as its worker sees it), `fleet` (heartbeats, sweeper's turn, completions stream), `recovery`
+(what the sweeper and doctor read of owed and dispatched work) and `health` (what doctor reads); stored shapes are
 in `codec`, returned values in `records`, ids and tokens in `ids`.
 """
 
@@ -20,9 +22,11 @@ from celery_agents.store.codec import (
 )
 from celery_agents.store.fleet import Fleet
 from celery_agents.store.header import header_from_hash, header_to_hash
+from celery_agents.store.health import Health
 from celery_agents.store.ids import check_session_id, new_session_id, new_token, parse_token
 from celery_agents.store.ledger import CallLedger
 from celery_agents.store.records import Begun, Committed, Finished, LeaseLost, Loaded, SweepVerdict, Swept
+from celery_agents.store.recovery import RecoveryReads
 from celery_agents.store.sessions import SessionStore
 from celery_agents.store.steps import JOURNAL_TTL_S, StepStore
 from celery_agents.store.sweep import SweepStore
@@ -53,5 +57,5 @@ __all__ = [
 ]
 
 
-class Store(SessionStore, StepStore, CallStore, SweepStore, ViewStore, CallLedger, Fleet):
+class Store(SessionStore, StepStore, CallStore, SweepStore, ViewStore, CallLedger, Fleet, Health, RecoveryReads):
     """Session state in Redis under one key prefix."""

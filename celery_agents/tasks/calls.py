@@ -9,14 +9,14 @@ from __future__ import annotations
 from typing import Any
 
 from celery_agents.runtime import run_call
-from celery_agents.tasks.celery_app import app, settings
+from celery_agents.tasks.celery_app import app, worker_settings
 from celery_agents.tasks.config import CALL_TASK, ISOLATED_TASK, Dispatcher
 from celery_agents.tasks.context import execution_owner, worker_context
 from celery_agents.tasks.recycle import leave_if_outrun
 
 
 def _run(task: Any, session_id: str, field: str, isolated: bool) -> str:
-    ctx = worker_context(settings)
+    ctx = worker_context(worker_settings())
     owner = execution_owner(task.request)
     tools = ctx.isolated_tools if isolated else ctx.tools
     res = run_call(ctx.store, session_id, field, tools, owner)
@@ -32,8 +32,6 @@ def _run(task: Any, session_id: str, field: str, isolated: bool) -> str:
     name=CALL_TASK,
     bind=True,
     ignore_result=True,
-    soft_time_limit=settings.tool_time_limit * 0.95,
-    time_limit=settings.tool_time_limit,
 )
 def run_async_call(self: Any, session_id: str, field: str) -> str:
     return _run(self, session_id, field, isolated=False)
@@ -43,8 +41,6 @@ def run_async_call(self: Any, session_id: str, field: str) -> str:
     name=ISOLATED_TASK,
     bind=True,
     ignore_result=True,
-    soft_time_limit=settings.tool_time_limit * 0.95,
-    time_limit=settings.tool_time_limit,
 )
 def run_isolated_call(self: Any, session_id: str, field: str) -> str:
     return _run(self, session_id, field, isolated=True)

@@ -69,7 +69,17 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             ISOLATED_TASK: {"queue": "isolated"},
         },
         "task_create_missing_queues": True,
+        # Time limits (prefork only; a threads pool cannot enforce them) stay below the visibility timeout.
+        "task_annotations": {
+            STEP_TASK: {"soft_time_limit": settings.step_time_limit * 0.9, "time_limit": settings.step_time_limit},
+            CALL_TASK: _tool_limits(settings),
+            ISOLATED_TASK: _tool_limits(settings),
+        },
     }
+
+
+def _tool_limits(settings: Settings) -> dict[str, float]:
+    return {"soft_time_limit": settings.tool_time_limit * 0.95, "time_limit": settings.tool_time_limit}
 
 
 def worker_argv(

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery_agents.config import Settings
-from celery_agents.llm import LitellmPort
+from celery_agents.llm import LitellmPort, RetryPolicy
 from celery_agents.store import Store, client_for_url, state_url
 from celery_agents.tools import ToolRunner
 
@@ -55,7 +55,7 @@ def _build(settings: Settings) -> WorkerContext:
         _ctx = WorkerContext(
             settings=settings,
             store=store,
-            llm=LitellmPort(),
+            llm=LitellmPort(RetryPolicy.from_settings(settings)),
             tools=ToolRunner(),
             isolated_tools=ToolRunner(isolated=True),
         )

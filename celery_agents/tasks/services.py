@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import logging
 import os
 import socket
 import threading
 from collections.abc import Iterator
-from typing import Any, cast
+from dataclasses import dataclass
+from typing import Any
 
 from celery.signals import worker_init, worker_ready, worker_shutdown
 from redis.exceptions import LockError
@@ -20,10 +20,11 @@ from redis.lock import Lock
 
 from celery_agents.config import Settings
 from celery_agents.errors import RedisUnavailable
-from celery_agents.model import TrackedCall, build_schemas
+from celery_agents.model import build_schemas
+from celery_agents.model.recovery import Recovery
 from celery_agents.runtime.completions import CompletionConsumer
 from celery_agents.store import FINISHED_STATES, EmbeddedRedis, Store
-from celery_agents.tasks.celery_app import app, settings
+from celery_agents.tasks.celery_app import app, worker_settings
 from celery_agents.tasks.config import Dispatcher
 from celery_agents.tasks.context import worker_context
 from celery_agents.tasks.queues import QueueHead, QueueProbe
@@ -42,69 +43,95 @@ def sweep_once(
     cannot be waiting in its queue: the queue is empty, or its oldest message was published after
     this entry was committed (queues are first in, first out) — the message was lost between
     commit and publish. At the latest it goes again after `lost_grace`. A message that may merely
-    be waiting in a busy queue is left alone: duplicates would only add load. The decision and its
-    bookkeeping are one script per entry (store/lua/sweep_*.lua): a published copy counts as not
-    picked up, so it is not published again at every sweep while it waits in its queue."""
+    be waiting in a busy queue is left alone: duplicates would only add load. The decision
+    (`model.recovery.recovery_decision`) and its bookkeeping are one script per entry
+    (store/lua/sweep_*.lua): a published copy counts as not picked up, so it is not published
+    again at every sweep while it waits in its queue."""
     now = store.server_time() if now is None else now  # owed and deadline scores are Redis times
-    counts = {"owed": 0, "redispatched": 0, "expired": 0}
-    k = store.keys
-    r = store.client
-    cutoff, lost_cutoff = int((now - settings.owed_grace) * 1000), int((now - settings.lost_grace) * 1000)
-    # Publishing follows the commit within milliseconds; the margin absorbs clock skew between the
-    # committing worker and the one that published the queue's oldest message.
-    margin_ms = int(settings.skew_margin * 1000)
+    judge = _Judge(settings, now, _queue_heads(store, settings, now, probe))
+    return {
+        "owed": _sweep_owed(store, dispatcher, judge, now),
+        "redispatched": _sweep_dispatched(store, dispatcher, judge, now),
+        "expired": _expire_deadlines(store, dispatcher, now),
+    }
 
-    heads: dict[str, QueueHead] = {}
-    pipe = r.pipeline(transaction=False)
-    pipe.zcount(k.owed, "-inf", cutoff)
-    pipe.zcount(k.dispatched, "-inf", cutoff)
-    if any(pipe.execute()):
-        # Read before the candidates: a message taken from its queue meanwhile then still counts
-        # as possibly waiting, never as lost.
-        own_probe = probe is None
-        probe = probe or QueueProbe(settings, r)
-        heads = probe.heads(["steps", "tools", "isolated"])
-        if own_probe:
+
+@dataclass(frozen=True)
+class _Judge:
+    """Whether an entry never picked up is lost: its message cannot be in its queue."""
+
+    settings: Settings
+    now: float
+    heads: dict[str, QueueHead]
+
+    def lost(self, queue: str | None, committed_ms: float) -> bool:
+        if committed_ms <= int((self.now - self.settings.lost_grace) * 1000):
+            return True
+        head = self.heads.get(queue, _UNKNOWN) if queue is not None else None
+        # Publishing follows the commit within milliseconds; the margin absorbs clock skew between
+        # the committing worker and the one that published the queue's oldest message.
+        return head is None or head.cannot_hold(committed_ms, self.settings.clock_skew * 1000)
+
+
+_UNKNOWN = QueueHead(None)
+
+
+def _call_queue(disposition: str | None) -> str | None:
+    """The queue a dispatched call waits in; a call that is gone waits in none known (judged by
+    `lost_grace` alone), a disposition that is never queued in none at all (None: lost)."""
+    if disposition is None:
+        return ""
+    return {"runAsync": "tools", "runIsolated": "isolated"}.get(disposition)
+
+
+def _queue_heads(store: Store, settings: Settings, now: float, probe: QueueProbe | None) -> dict[str, QueueHead]:
+    """The queues' heads, read only when something is due, and before the candidates: a message
+    taken from its queue meanwhile then still counts as possibly waiting, never as lost."""
+    if not store.anything_due(now - settings.owed_grace):
+        return {}
+    own = probe is None
+    probe = probe or QueueProbe(settings, store.client)
+    try:
+        return probe.heads(["steps", "tools", "isolated"])
+    finally:
+        if own:
             probe.close()
 
-    # The client decodes replies (store/connection.py): members are `str`, where redis-py says `bytes | str`.
-    owed = cast("list[tuple[str, float]]", r.zrangebyscore(k.owed, "-inf", cutoff, start=0, num=200, withscores=True))
-    if owed:
-        waiting = heads.get("steps", QueueHead(None))
-        lost = [(sid, waiting.cannot_hold(score, margin_ms) or score <= lost_cutoff) for sid, score in owed]
-        for swept in store.sweep_owed(lost, now):
-            if swept.verdict == "republish":
-                dispatcher.step(swept.session_id, swept.version, request="sweeper")
-                counts["owed"] += 1
 
-    dispatched = cast(
-        "list[tuple[str, float]]", r.zrangebyscore(k.dispatched, "-inf", cutoff, start=0, num=200, withscores=True)
-    )
-    if dispatched:
-        # Which queue a call waits in depends on its disposition: read the calls first.
-        members = [(*member.split(" ", 1), score) for member, score in dispatched]
-        rows = cast("list[tuple[str, str, float]]", members)  # members are "<session id> <field>"
-        pipe = r.pipeline(transaction=False)
-        for sid, field, _ in rows:
-            pipe.hget(k.calls(sid), field)
-        raws = pipe.execute()
-        unknown = QueueHead(None)
-        by_disposition = {"runAsync": heads.get("tools", unknown), "runIsolated": heads.get("isolated", unknown)}
-        candidates = []
-        for (sid, field, score), raw in zip(rows, raws, strict=True):
-            head = by_disposition.get(TrackedCall.model_validate_json(raw).disposition) if raw else unknown
-            candidates.append((sid, field, head is None or head.cannot_hold(score, margin_ms) or score <= lost_cutoff))
-        for swept in store.sweep_dispatched(candidates, now):
-            if swept.verdict == "republish" and swept.call is not None:
-                dispatcher.call(swept.session_id, swept.call)
-                counts["redispatched"] += 1
+def _sweep_owed(store: Store, dispatcher: Dispatcher, judge: _Judge, now: float) -> int:
+    owed = store.owed_due(now - judge.settings.owed_grace)
+    if not owed:
+        return 0
+    candidates = [(sid, judge.lost("steps", committed_ms)) for sid, committed_ms in owed]
+    published = 0
+    for swept in store.sweep_owed(candidates, now):
+        if swept.verdict == Recovery.REPUBLISH.value:
+            dispatcher.step(swept.session_id, swept.version, request="sweeper")
+            published += 1
+    return published
 
+
+def _sweep_dispatched(store: Store, dispatcher: Dispatcher, judge: _Judge, now: float) -> int:
+    due = store.dispatched_due(now - judge.settings.owed_grace)
+    if not due:
+        return 0
+    candidates = [(c.session_id, c.field, judge.lost(_call_queue(c.disposition), c.committed_ms)) for c in due]
+    published = 0
+    for swept in store.sweep_dispatched(candidates, now):
+        if swept.verdict == Recovery.REPUBLISH.value and swept.call is not None:
+            dispatcher.call(swept.session_id, swept.call)
+            published += 1
+    return published
+
+
+def _expire_deadlines(store: Store, dispatcher: Dispatcher, now: float) -> int:
+    expired = 0
     for sid, finished in store.expire_due(now):
         if finished.status == "ok":
-            counts["expired"] += 1
+            expired += 1
             if finished.woken:
                 dispatcher.step(sid, finished.version, "expired")
-    return counts
+    return expired
 
 
 #: Sessions deleted per sweep at most under AGENTS_RETENTION_DAYS: a backlog drains over many
@@ -142,11 +169,8 @@ class WorkerServices:
         self._stop.set()
         self._thread.join(timeout=5)
         self._consumer.join(timeout=5)
-        try:
-            store = worker_context(self.settings).store
-            store.client.hdel(store.keys.workers, self.name)
-        except Exception:
-            pass
+        with contextlib.suppress(Exception):  # Redis gone: the heartbeat ages out on its own
+            worker_context(self.settings).store.forget_worker(self.name)
 
     def _loop(self) -> None:
         dispatcher = Dispatcher(app)
@@ -156,18 +180,9 @@ class WorkerServices:
                 store = worker_context(self.settings).store
                 probe = probe or QueueProbe(self.settings, store.client)
                 now = store.server_time()  # heartbeats are compared by other hosts: Redis's clock
-                beat = {
-                    "pid": os.getpid(),
-                    "host": socket.gethostname(),
-                    "at": now,
-                    "queues": self.queues,
-                    "retention_days": self.settings.retention_days,
-                }
-                if "isolated" in self.queues:
-                    beat["sandbox"] = self._sandbox()
-                store.client.hset(store.keys.workers, self.name, json.dumps(beat))
-                lock_ms = max(100, int(self.settings.sweep_interval * 900))
-                if store.client.set(store.keys.lock("sweeper"), self.name, nx=True, px=lock_ms):
+                store.beat(self.name, self._beat(now))
+                # The turn lapses before the next sweep: whichever worker comes first sweeps then.
+                if store.take_sweep_turn(self.name, self.settings.sweep_interval * 0.9):
                     counts = sweep_once(store, dispatcher, self.settings, now, probe)
                     counts["purged"] = purge_expired(store, self.settings)
                     if any(counts.values()):
@@ -177,6 +192,18 @@ class WorkerServices:
             self._stop.wait(self.settings.sweep_interval)
         if probe is not None:
             probe.close()
+
+    def _beat(self, now: float) -> dict[str, Any]:
+        beat: dict[str, Any] = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "at": now,
+            "queues": self.queues,
+            "retention_days": self.settings.retention_days,
+        }
+        if "isolated" in self.queues:
+            beat["sandbox"] = self._sandbox()
+        return beat
 
     def _sandbox(self) -> dict[str, Any]:
         """How this worker's runIsolated calls are confined (probed once), for `agents doctor`."""
@@ -218,7 +245,7 @@ class WorkerServices:
         while not self._stop.is_set():
             try:
                 store = worker_context(self.settings).store
-                lock = lock or store.lock(store.keys.lock("completions"), seconds=5.0)
+                lock = lock or store.completions_lock()
                 held = _hold(lock, held, self.name)
                 if not held:
                     consumer = None
@@ -284,6 +311,7 @@ def _on_worker_init(**_: Any) -> None:
     # Before anything else: the worker's keys in its /proc/<pid>/environ are out of reach of tools
     # running as its user (the pool processes forked from here inherit it).
     protect_process()
+    settings = worker_settings()
     if _child_role is None:
         if settings.embedded:
             _embedded = EmbeddedRedis(settings.home).acquire()
@@ -313,7 +341,7 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
         return
     name = getattr(sender, "hostname", None) or f"worker@{socket.gethostname()}:{os.getpid()}"
     queues = sorted(q.name for q in app.amqp.queues.consume_from.values()) if app.amqp.queues.consume_from else []
-    _services = WorkerServices(settings, name, queues)
+    _services = WorkerServices(worker_settings(), name, queues)
     _services.start()
 
 

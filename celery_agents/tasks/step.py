@@ -9,7 +9,7 @@ from celery_agents.runtime import StepResult, run_step
 from celery_agents.runtime.faults import checkpoint
 from celery_agents.runtime.subagents import settle_parent
 from celery_agents.store import Store
-from celery_agents.tasks.celery_app import app, settings
+from celery_agents.tasks.celery_app import app, worker_settings
 from celery_agents.tasks.config import STEP_TASK, Dispatcher
 from celery_agents.tasks.context import execution_owner, worker_context
 from celery_agents.tasks.recycle import leave_if_outrun
@@ -34,11 +34,9 @@ def publish_after_step(dispatcher: Dispatcher, store: Store, session_id: str, re
     name=STEP_TASK,
     bind=True,
     ignore_result=True,
-    soft_time_limit=settings.step_time_limit * 0.9,
-    time_limit=settings.step_time_limit,
 )
 def step(self: Any, session_id: str, expected_version: int, request: str = "") -> str:
-    ctx = worker_context(settings)
+    ctx = worker_context(worker_settings())
     owner = execution_owner(self.request)
     result = run_step(
         ctx.store, session_id, int(expected_version), llm=ctx.llm, tools=ctx.tools, owner=owner, request=request or ""

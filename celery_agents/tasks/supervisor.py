@@ -9,16 +9,25 @@ the worker's name, sweeper, completions), forwards SIGTERM/SIGINT (warm shutdown
 finish) and SIGQUIT (cold) to its Celery workers, and starts again any that exits while it is not
 stopping: a steps process leaves by itself when a python tool outran its timeout in one of its
 threads (see `tasks/recycle.py`).
+
+The Celery workers are forked, not started afresh: the supervisor forks a zygote before it starts
+any thread, the zygote imports what a Celery worker needs (Celery's worker, the app, litellm when
+there are steps) once, and forks every Celery worker from there, at start and when one is started
+again. A machine pays litellm's import (seconds of CPU) once per `agents worker`, not once per
+Celery worker, and the workers share those pages. The zygote never starts a thread (a fork from a
+threaded process may inherit a lock held for ever), reaps its children and reports their exits.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import gc
+import json
 import logging
 import os
 import select
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -77,14 +86,13 @@ class _Child:
 
     def __init__(self, role: str, argv: list[str]) -> None:
         self.role, self.argv = role, argv
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: Forked | None = None
         self.started = 0.0
         self.backoff = 0.0
         self.due = 0.0
 
-    def start(self, ready_fd: int) -> None:
-        me = [sys.executable, "-m", "celery_agents.tasks.supervisor", "--child", self.role, str(os.getpid())]
-        self.proc = subprocess.Popen([*me, str(ready_fd), *self.argv], pass_fds=(ready_fd,))
+    def start(self, zygote: Zygote, ready_fd: int) -> None:
+        self.proc = zygote.spawn(self.role, ready_fd, self.argv)
         self.started = time.monotonic()
 
     @property
@@ -96,11 +104,11 @@ class _Child:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.send_signal(sig)
 
-    def check(self, now: float, ready_fd: int) -> None:
+    def check(self, now: float, zygote: Zygote, ready_fd: int) -> None:
         """Start again after an exit; a process that keeps dying young waits longer each time."""
         if self.proc is None:
             if now >= self.due:
-                self.start(ready_fd)
+                self.start(zygote, ready_fd)
             return
         code = self.proc.poll()
         if code is None:
@@ -130,19 +138,23 @@ class Supervisor:
             child.signal(signum)
 
     def run(self) -> int:
-        from celery_agents.tasks.celery_app import settings
+        from celery_agents.tasks.celery_app import worker_settings
         from celery_agents.tasks.services import WorkerServices, worker_resources
         from celery_agents.tools.sandbox import protect_process
 
         protect_process()  # as every worker process: tools running as our user cannot read our keys
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
-            signal.signal(sig, self._on_signal)
         ready_r, ready_w = os.pipe()
         os.set_blocking(ready_r, False)
+        # Before any thread and any signal handler of ours: the zygote's children inherit neither.
+        zygote = Zygote.start(steps="steps" in self.plan.queues)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+            signal.signal(sig, self._on_signal)
+        code = 0
+        settings = worker_settings()
         with worker_resources(settings):
             services = WorkerServices(settings, self.plan.name, sorted(self.plan.queues))
             for child in self.children:
-                child.start(ready_w)
+                child.start(zygote, ready_w)
             log.info("worker %s: %s", self.plan.name, ", ".join(f"{c.role} (pid {c.pid})" for c in self.children))
             ready: set[int] = set()
             try:
@@ -151,10 +163,14 @@ class Supervisor:
                     # every Celery worker has said it is ready to take messages.
                     if not services.started and self._ready(ready_r, ready) >= {c.pid for c in self.children}:
                         services.start()
+                    if not zygote.pump():
+                        log.critical("the zygote (pid %s) is gone: no Celery worker can be started again", zygote.pid)
+                        code = 1
+                        break
                     now = time.monotonic()
                     for child in self.children:
-                        child.check(now, ready_w)
-                    select.select([ready_r], [], [], 0.5)
+                        child.check(now, zygote, ready_w)
+                    select.select([ready_r, zygote.replies], [], [], 0.5)
             finally:
                 for child in self.children:
                     # Not told yet: stopping for another reason than a signal, or started again
@@ -164,11 +180,12 @@ class Supervisor:
                 for child in self.children:
                     if child.proc is not None:
                         child.proc.wait()
+                zygote.stop()
                 if services.started:
                     services.stop()
                 os.close(ready_r)
                 os.close(ready_w)
-        return 0
+        return code
 
     @staticmethod
     def _ready(fd: int, ready: set[int]) -> set[int]:
@@ -179,12 +196,212 @@ class Supervisor:
         return ready
 
 
-def _die_with_parent(parent: int) -> None:
-    """A child whose supervisor is SIGKILLed gets SIGTERM (Linux), so none is left behind."""
+class Forked:
+    """A Celery worker forked by the zygote, seen from the supervisor (the subset of `Popen` used)."""
+
+    def __init__(self, zygote: Zygote, pid: int) -> None:
+        self.zygote, self.pid = zygote, pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.zygote.exited.get(self.pid)
+
+    def poll(self) -> int | None:
+        self.zygote.pump()
+        return self.returncode
+
+    def wait(self) -> int:
+        while self.poll() is None and self.zygote.alive:
+            select.select([self.zygote.replies], [], [], 1.0)
+        # A zygote gone takes its children with it (their parent-death signal).
+        return self.returncode if self.returncode is not None else -signal.SIGKILL
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+
+class Zygote:
+    """The process every Celery worker of one `agents worker` is forked from (see the module doc).
+
+    Requests go down a pipe (one JSON line: role, ready fd, argv); replies come up another:
+    `pid N` for each request, in order, and `exit N CODE` when a child ends (CODE as `Popen`'s
+    returncode: negative for a signal)."""
+
+    def __init__(self, pid: int, requests: int, replies: int) -> None:
+        self.pid, self.requests, self.replies = pid, requests, replies
+        self.exited: dict[int, int] = {}
+        self.alive = True
+        self._pids: list[int] = []
+        self._buf = b""
+
+    @classmethod
+    def start(cls, steps: bool) -> Zygote:
+        req_r, req_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the zygote, which never returns
+            code = 1
+            try:
+                os.close(req_w)
+                os.close(rep_r)
+                _zygote_main(parent, req_r, rep_w, steps)
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(req_r)
+        os.close(rep_w)
+        os.set_blocking(rep_r, False)
+        return cls(pid, req_w, rep_r)
+
+    def spawn(self, role: str, ready_fd: int, argv: list[str]) -> Forked:
+        os.write(self.requests, (json.dumps([role, ready_fd, argv]) + "\n").encode())
+        while not self._pids:
+            if not self.alive:
+                raise RuntimeError("the zygote is gone")
+            select.select([self.replies], [], [], 1.0)
+            self.pump()
+        return Forked(self, self._pids.pop(0))
+
+    def pump(self) -> bool:
+        """Read what the zygote said so far; False once it is gone."""
+        while self.alive:
+            try:
+                data = os.read(self.replies, 65536)
+            except (BlockingIOError, InterruptedError):
+                break
+            if not data:
+                self.alive = False
+                break
+            self._buf += data
+        *lines, self._buf = self._buf.split(b"\n")
+        for line in lines:
+            word, *numbers = line.decode().split()
+            if word == "pid":
+                self._pids.append(int(numbers[0]))
+            elif word == "exit":
+                self.exited[int(numbers[0])] = int(numbers[1])
+        return self.alive
+
+    def stop(self) -> None:
+        """No more requests: the zygote waits for its children, then leaves."""
+        with contextlib.suppress(OSError):
+            os.close(self.requests)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+        with contextlib.suppress(OSError):
+            os.close(self.replies)
+
+
+def _zygote_main(parent: int, requests: int, replies: int, steps: bool) -> None:
+    """The zygote: preload, then fork a Celery worker per request until the supervisor closes the
+    pipe (or dies: then this process is killed, and its children hear of it in turn)."""
+    _die_with_parent(parent, signal.SIGKILL)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_IGN)  # the supervisor decides what its Celery workers hear
+    logging.root.handlers.clear()  # a Celery worker sets up its own logging, not the supervisor's
+    _preload(steps)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    children: set[int] = set()
+    buf = b""
+    open_ = True
+    while open_ or children:
+        readable, _, _ = select.select([requests, wake_r] if open_ else [wake_r], [], [], 1.0)
+        if wake_r in readable:
+            os.read(wake_r, 4096)
+        _reap(children, replies)
+        if requests not in readable:
+            continue
+        data = os.read(requests, 65536)
+        open_ = bool(data)
+        buf += data
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            role, ready_fd, argv = json.loads(line)
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - a Celery worker, which never returns
+                _forked_child(role, ready_fd, argv, (requests, replies, wake_r, wake_w))
+            children.add(pid)
+            os.write(replies, f"pid {pid}\n".encode())
+
+
+def _preload(steps: bool) -> None:
+    """What every Celery worker imports, imported once (no thread may start here)."""
+    import celery.apps.worker
+    import celery.concurrency.prefork
+    import celery.concurrency.thread  # noqa: F401
+
+    import celery_agents.tasks.celery_app  # noqa: F401
+
+    if steps:
+        from celery_agents.llm.adapter import ensure_litellm
+
+        ensure_litellm()
+    # Out of the collector's sight: a child's collections then leave these pages shared instead of
+    # touching (copying) every object the zygote holds.
+    gc.collect()
+    gc.freeze()
+
+
+def _reap(children: set[int], replies: int) -> None:
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            children.clear()
+            return
+        if pid == 0:
+            return
+        children.discard(pid)
+        os.write(replies, f"exit {pid} {os.waitstatus_to_exitcode(status)}\n".encode())
+
+
+def _forked_child(role: str, ready_fd: int, argv: list[str], zygote_fds: tuple[int, ...]) -> None:
+    """A Celery worker just forked from the zygote: undo what is the zygote's, run, never return."""
+    code: int | str | None = 1
+    try:
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
+        for fd in zygote_fds:
+            os.close(fd)
+        child_main(role, os.getppid(), ready_fd, argv)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    except BaseException:
+        log.exception("%s worker failed", role)
+    finally:
+        _exit_as_python_does(code)
+
+
+def _exit_as_python_does(code: int | str | None) -> None:
+    """What an interpreter does on its way out (join non-daemon threads, atexit, flush), then exit
+    without unwinding into the zygote's frames."""
+    with contextlib.suppress(Exception):
+        threading._shutdown()  # type: ignore[attr-defined]
+    with contextlib.suppress(Exception):
+        atexit._run_exitfuncs()
+    if isinstance(code, str):
+        print(code, file=sys.stderr)
+        code = 1
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code or 0)
+
+
+def _die_with_parent(parent: int, sig: int = signal.SIGTERM) -> None:
+    """A process whose parent is SIGKILLed gets `sig` (Linux), so none is left behind."""
     with contextlib.suppress(Exception):
         import ctypes
 
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        ctypes.CDLL(None).prctl(1, sig)  # PR_SET_PDEATHSIG
     if os.getppid() != parent:  # it died before the line above
         raise SystemExit(0)
 
@@ -214,8 +431,3 @@ def child_main(role: str, parent: int, ready_fd: int, argv: list[str]) -> None:
         app.conf.broker_pool_limit = threads + 4
         size_http_pool(threads + 4)
     app.worker_main(argv)
-
-
-if __name__ == "__main__":
-    if len(sys.argv) > 4 and sys.argv[1] == "--child":
-        child_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5:])

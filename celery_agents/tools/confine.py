@@ -366,19 +366,30 @@ def _on_stop(signum: int, frame: object) -> None:
 
 def main() -> None:
     if sys.argv[1] == "drop":
-        uid = int(sys.argv[2])
-        _default_signals()
-        try:
-            _drop_to(uid, uid)
-            os.chdir(sys.argv[3])
-        except OSError as exc:
-            os.write(2, f"cannot become uid {uid} in {sys.argv[3]}: {exc}\n".encode())
-            os._exit(126)
-        _exec(sys.argv[5:], uid)
+        _drop_and_exec(int(sys.argv[2]), sys.argv[3], sys.argv[5:])
     cfg = json.loads(sys.argv[1])
     status_fd = cfg["status_fd"]
     os.set_inheritable(status_fd, False)
-    status = {
+    status = _supervise(cfg)
+    os.write(status_fd, (json.dumps(status) + "\n").encode())
+
+
+def _drop_and_exec(uid: int, workdir: str, argv: list[str]) -> None:
+    """`drop UID WORKDIR -- ARGV` (inside bubblewrap): become `uid` in `workdir`, then exec argv."""
+    _default_signals()
+    try:
+        _drop_to(uid, uid)
+        os.chdir(workdir)
+    except OSError as exc:
+        os.write(2, f"cannot become uid {uid} in {workdir}: {exc}\n".encode())
+        os._exit(126)
+    _exec(argv, uid)
+
+
+def _supervise(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Run the tool as a child, wait for it within its timeout (or a stop signal), then end its
+    whole tree; returns what happened (the status written on the status pipe)."""
+    status: dict[str, Any] = {
         "exit_status": None,
         "timed_out": False,
         "stopped": False,
@@ -398,33 +409,41 @@ def main() -> None:
     if main_pid == 0:
         _exec_tool(cfg)
     os.close(0)
-    deadline = time.monotonic() + float(cfg["timeout"])
-    while main_pid > 0:
+    if main_pid > 0:
+        _await_tool(main_pid, status, wake_r, time.monotonic() + float(cfg["timeout"]))
+        _end_tree(main_pid, status, wake_r, float(cfg.get("grace", 1.0)))
+    return status
+
+
+def _await_tool(main_pid: int, status: dict[str, Any], wake_r: int, deadline: float) -> None:
+    """Until the tool exits, the deadline passes, or the supervisor is told to stop."""
+    while True:
         _reap(main_pid, status)
         if status["exit_status"] is not None:
-            break
+            return
         if _flags["stop"]:
             status["stopped"] = True
-            break
+            return
         left = deadline - time.monotonic()
         if left <= 0:
             status["timed_out"] = True
-            break
+            return
         _wait(wake_r, min(left, 1.0))
-    # The tree goes: gently when the tool was stopped early, at once when it finished.
+
+
+def _end_tree(main_pid: int, status: dict[str, Any], wake_r: int, grace: float) -> None:
+    """The tree goes: gently when the tool was stopped early, at once when it finished."""
     if status["timed_out"] or status["stopped"]:
         _signal_tree(main_pid, signal.SIGTERM)
-        end = time.monotonic() + float(cfg.get("grace", 1.0))
+        end = time.monotonic() + grace
         while _reap(main_pid, status) and time.monotonic() < end:
             _wait(wake_r, min(0.05, end - time.monotonic()))
-    if main_pid > 0:
-        status["leftovers"] = _reap(main_pid, status)
-        _signal_tree(main_pid, signal.SIGKILL)
+    status["leftovers"] = _reap(main_pid, status)
+    _signal_tree(main_pid, signal.SIGKILL)
     rounds_end = time.monotonic() + 10.0
-    while main_pid > 0 and _reap(main_pid, status) and time.monotonic() < rounds_end:
+    while _reap(main_pid, status) and time.monotonic() < rounds_end:
         _signal_tree(main_pid, signal.SIGKILL)
         _wait(wake_r, 0.01)
-    os.write(status_fd, (json.dumps(status) + "\n").encode())
 
 
 if __name__ == "__main__":

@@ -235,25 +235,8 @@ def run_process(
             (time.monotonic() - started) * 1000,
         )
     pump = _Pump(proc, stdin, output_cap, stderr_cap)
-    deadline = started + timeout
-    timed_out = False
-    drain_end: float | None = None
     try:
-        while True:
-            now = time.monotonic()
-            if drain_end is None:
-                if now >= deadline or cancelled():
-                    timed_out = now >= deadline
-                    kill_group(proc, grace)
-                    drain_end = time.monotonic() + _DRAIN_SECONDS
-                elif _leader_exited(proc):
-                    # Children the tool left behind in its group must not outlive the call.
-                    signal_group(proc.pid, signal.SIGKILL)
-                    drain_end = now + _DRAIN_SECONDS
-            if drain_end is not None and (not pump.reading or time.monotonic() >= drain_end):
-                break
-            limit = (drain_end if drain_end is not None else deadline) - time.monotonic()
-            pump.wait(min(limit, pump.poll_interval))
+        timed_out = _watch(proc, pump, started + timeout, grace)
     finally:
         pump.close()
         if proc.returncode is None and not _leader_exited(proc):
@@ -268,3 +251,25 @@ def run_process(
         (time.monotonic() - started) * 1000,
         pump.out_total,
     )
+
+
+def _watch(proc: subprocess.Popen[bytes], pump: _Pump, deadline: float, grace: float) -> bool:
+    """Pump the tool's output until it ends, its deadline passes or the call is cancelled (then its
+    group is killed), and drain what it wrote a moment longer. True when the deadline passed."""
+    timed_out = False
+    drain_end: float | None = None
+    while True:
+        now = time.monotonic()
+        if drain_end is None:
+            if now >= deadline or cancelled():
+                timed_out = now >= deadline
+                kill_group(proc, grace)
+                drain_end = time.monotonic() + _DRAIN_SECONDS
+            elif _leader_exited(proc):
+                # Children the tool left behind in its group must not outlive the call.
+                signal_group(proc.pid, signal.SIGKILL)
+                drain_end = now + _DRAIN_SECONDS
+        if drain_end is not None and (not pump.reading or time.monotonic() >= drain_end):
+            return timed_out
+        limit = (drain_end if drain_end is not None else deadline) - time.monotonic()
+        pump.wait(min(limit, pump.poll_interval))

@@ -38,6 +38,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from celery_agents.config import Settings
 from celery_agents.model.agent import Limits
 from celery_agents.tools.bubblewrap import bwrap_argv, bwrap_path
 from celery_agents.tools.cgroup import Cgroups
@@ -76,15 +77,17 @@ class SandboxConfig:
 
     @classmethod
     def from_env(cls) -> SandboxConfig:
-        env = os.environ
-        home = env.get("AGENTS_HOME") or "~/.local/share/celery-agents"
-        sockets = [_socket_folder(env.get(name) or "") for name in ("AGENTS_REDIS_URL", "AGENTS_BROKER_URL")]
+        return cls.from_settings(Settings.from_env())
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> SandboxConfig:
+        sockets = [_socket_folder(url or "") for url in (settings.redis_url, settings.broker_url)]
         return cls(
-            bwrap=(env.get("AGENTS_SANDBOX_BWRAP") or "auto").lower(),
-            uid=(env.get("AGENTS_SANDBOX_UID") or "auto").lower(),
-            root=env.get("AGENTS_SANDBOX_DIR") or None,
-            cgroup=(env.get("AGENTS_SANDBOX_CGROUP") or "auto").lower(),
-            hidden=tuple(dict.fromkeys(p for p in [os.path.expanduser(home), *sockets] if p)),
+            bwrap=settings.sandbox_bwrap,
+            uid=settings.sandbox_uid,
+            root=settings.sandbox_dir,
+            cgroup=settings.sandbox_cgroup,
+            hidden=tuple(dict.fromkeys(p for p in [str(settings.home), *sockets] if p)),
         )
 
 
@@ -309,18 +312,7 @@ class Sandbox:
         readable: Sequence[str] = (),
     ) -> SandboxRun:
         uid = self._uid()
-        drop_here = uid
-        if uid is not None and wrap is not None:
-            # bwrap runs as root and the drop happens inside, where bound paths are reachable.
-            drop_here = None
-        elif uid is not None:
-            hidden = [p for p in needs if not reachable_by_others(p)]
-            if hidden:
-                raise SandboxUnavailable(
-                    f"cannot run this call as a uid of its own: {hidden[0]} is not readable by other users, "
-                    "and an isolated call never runs as root (install bubblewrap, or keep the tool and its "
-                    "interpreter in folders others can read)"
-                )
+        drop_here = self._drop_here(uid, wrap, needs)
         workdir = tempfile.mkdtemp(prefix="agents-sandbox-", dir=self.config.root)
         if uid is not None and wrap is not None:
             argv = [sys.executable, "-I", "-S", "-B", CONFINE, "drop", str(uid), workdir, "--", *argv]
@@ -330,7 +322,6 @@ class Sandbox:
             processes += _RELAY_PROCESSES  # bubblewrap (or our relays) and pid 1 are in the cgroup too
         cgroup = self.cgroups.create(limits.memory_mb, processes)
         oom_kills = 0
-        status_r, status_w = os.pipe()
         try:
             if uid is not None:
                 os.chown(workdir, uid, uid)
@@ -344,42 +335,83 @@ class Sandbox:
                 "gid": drop_here,
                 "timeout": timeout,
                 "grace": grace,
-                "status_fd": status_w,
                 "cgroup_procs": cgroup.procs_files if cgroup else [],
                 "namespaces": _namespaces(workdir, network, readable, self.config.hidden) if isolate else None,
             }
-            launcher = [sys.executable, "-I", "-S", "-B", CONFINE, json.dumps(cfg)]
-            result = run_process(
-                launcher,
-                stdin,
-                env=sandbox_env(call_env, env_names, workdir),
-                cwd=workdir,
-                timeout=timeout + grace + _BACKSTOP,
-                output_cap=limits.output_bytes or 1_000_000,
-                grace=grace,
-                pass_fds=(status_w,),
-            )
-            os.close(status_w)
-            status_w = -1
-            status = _read_status(status_r)
+            env = sandbox_env(call_env, env_names, workdir)
+            wait = timeout + grace + _BACKSTOP
+            result, status = _supervised(cfg, stdin, env, workdir, limits.output_bytes or 1_000_000, wait, grace)
         finally:
-            if status_w >= 0:
-                os.close(status_w)
-            os.close(status_r)
             _remove(workdir)
             if cgroup is not None:
                 oom_kills = cgroup.oom_kills()
                 cgroup.remove()
-        if status:
-            result.exit_status = status.get("exit_status")  # type: ignore[assignment]
-            result.timed_out = result.timed_out or bool(status.get("timed_out"))
-        if wrap is not None and result.exit_status is not None and 128 < result.exit_status <= 128 + 64:
-            # bwrap's init reports a tool killed by signal N as exit status 128 + N.
-            result.exit_status = 128 - result.exit_status
-        status["memory_scope"] = "run" if cgroup is not None else "process"
-        if cgroup is not None and oom_kills:
-            status["oom_kills"] = oom_kills
-        return SandboxRun(result, "bwrap" if wrap else "namespaces", uid, limits, status)
+        return _sandbox_run(result, status, wrap, uid, limits, cgroup is not None, oom_kills)
+
+    @staticmethod
+    def _drop_here(uid: int | None, wrap: Wrap | None, needs: list[str]) -> int | None:
+        """The uid the supervisor drops to itself: none under bubblewrap, which runs as root and
+        drops inside, where bound paths are reachable. Without it, every path the call needs must
+        be readable by that uid."""
+        if uid is None or wrap is not None:
+            return None
+        hidden = [p for p in needs if not reachable_by_others(p)]
+        if hidden:
+            raise SandboxUnavailable(
+                f"cannot run this call as a uid of its own: {hidden[0]} is not readable by other users, "
+                "and an isolated call never runs as root (install bubblewrap, or keep the tool and its "
+                "interpreter in folders others can read)"
+            )
+        return uid
+
+
+def _supervised(
+    cfg: dict[str, object], stdin: bytes, env: dict[str, str], workdir: str, output_cap: int, wait: float, grace: float
+) -> tuple[ProcessResult, dict[str, object]]:
+    """Run the supervisor (confine.py) with `cfg`; its result and the status it wrote on its pipe.
+    The supervisor enforces the call's timeout; this wait is the backstop."""
+    status_r, status_w = os.pipe()
+    try:
+        launcher = [sys.executable, "-I", "-S", "-B", CONFINE, json.dumps({**cfg, "status_fd": status_w})]
+        result = run_process(
+            launcher,
+            stdin,
+            env=env,
+            cwd=workdir,
+            timeout=wait,
+            output_cap=output_cap,
+            grace=grace,
+            pass_fds=(status_w,),
+        )
+        os.close(status_w)
+        status_w = -1
+        return result, _read_status(status_r)
+    finally:
+        if status_w >= 0:
+            os.close(status_w)
+        os.close(status_r)
+
+
+def _sandbox_run(
+    result: ProcessResult,
+    status: dict[str, object],
+    wrap: Wrap | None,
+    uid: int | None,
+    limits: Limits,
+    run_cgroup: bool,
+    oom_kills: int,
+) -> SandboxRun:
+    """What the run gave, with the exit status and timeout the supervisor saw."""
+    if status:
+        result.exit_status = status.get("exit_status")  # type: ignore[assignment]
+        result.timed_out = result.timed_out or bool(status.get("timed_out"))
+    if wrap is not None and result.exit_status is not None and 128 < result.exit_status <= 128 + 64:
+        # bwrap's init reports a tool killed by signal N as exit status 128 + N.
+        result.exit_status = 128 - result.exit_status
+    status["memory_scope"] = "run" if run_cgroup else "process"
+    if run_cgroup and oom_kills:
+        status["oom_kills"] = oom_kills
+    return SandboxRun(result, "bwrap" if wrap else "namespaces", uid, limits, status)
 
 
 @dataclass(frozen=True)

@@ -60,9 +60,19 @@ def _pretty(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False)
 
 
+def _arguments(value: Any) -> str:
+    """A model's call arguments (JSON text as the model sent it) pretty-printed when they parse."""
+    if isinstance(value, str):
+        try:
+            return _pretty(json.loads(value))
+        except ValueError:
+            return value
+    return _pretty(value)
+
+
 def _environment() -> Environment:
     env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=True)
-    env.filters.update(when=_when, pretty=_pretty, short=lambda sid: str(sid)[:8])
+    env.filters.update(when=_when, pretty=_pretty, arguments=_arguments, short=lambda sid: str(sid)[:8])
     env.globals.update(ago=_ago)
     return env
 
@@ -110,17 +120,19 @@ def _index_context(client: Client, agent: str, state: str) -> dict[str, Any]:
     headers = client.store.headers(sorted({p.session_id for p in pending}))
     agents = {h.session_id: h.agent_slug for h in headers.values()}
     sessions = client.list(state or None, 200)
+    slugs = {*agents.values(), *(v.agent for v in sessions)}
+    if state:  # the agent filter offers every recent agent, not only those in this state
+        slugs |= {h.agent_slug for h in client.store.list_sessions(None, 200)}
     if agent:
         pending = [p for p in pending if agents.get(p.session_id) == agent]
         sessions = [v for v in sessions if v.agent == agent]
-    known = sorted({*agents.values(), *(v.agent for v in client.list(None, 200))})
     return {
         "pending": pending,
         "agents_of": agents,
         "sessions": sessions,
         "agent": agent,
         "state": state,
-        "agents": known,
+        "agents": sorted(slugs),
         "states": [s.value for s in State],
         "now": client.store.server_time(),
     }

@@ -1,4 +1,5 @@
-"""Commands that call no model never import litellm (seconds and hundreds of MB at import):
+"""Commands that call no model never import litellm (seconds and hundreds of MB at import), nor
+FastAPI (only `agents serve` needs it):
 checked with `python -X importtime`, which lists every module a process imported on stderr."""
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ def no_litellm(*args: str | Path, env: dict[str, str], stdin: str | None = None)
     assert run.returncode == 0, run.stdout + run.stderr[-300:]
     modules = imports(run)
     assert "celery_agents.cli" in modules  # (main runs as __main__)
-    leaked = [m for m in modules if m.split(".")[0] in ("litellm", "openai", "tiktoken")]
+    leaked = [m for m in modules if m.split(".")[0] in ("litellm", "openai", "tiktoken", "fastapi", "uvicorn")]
     assert not leaked, f"`agents {' '.join(map(str, args))}` imported {leaked[:5]}"
     return run
 

@@ -1,5 +1,11 @@
 """Real worker processes (`agents worker`: a supervisor, a threads-pool steps worker and a prefork
-tool worker) for tests."""
+tool worker) for tests.
+
+A worker is forked from the test run's warm launcher (tests/support/launcher.py) when it can be:
+then it pays no import of its own (litellm, Celery), a start costs a fraction of a second of CPU
+instead of ~10 s. `Worker(..., fork=False)` always execs a fresh interpreter (a test of the
+worker's own start, its /proc environ...); a worker under a `prefix` argv or with an environment
+that differs from the test run's in more than `AGENTS_*` is exec'd anyway."""
 
 from __future__ import annotations
 
@@ -14,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import redis
+
+from tests.support.launcher import LaunchedProcess, launcher
 
 
 def worker_env(redis_url: str | None, prefix: str, home: Path | None = None, **extra: str) -> dict[str, str]:
@@ -48,6 +56,7 @@ class Worker:
         prefix: Sequence[str] = (),
         step_processes: int = 1,
         step_threads: int | None = None,
+        fork: bool = True,
     ) -> None:
         """`prefix`: an argv the worker command runs under (tests/support/confinement.py)."""
         self.env = env
@@ -71,9 +80,13 @@ class Worker:
         if step_threads is not None:
             self.args += ["--step-threads", str(step_threads)]
         self.log = log
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.fork = fork
+        self.proc: subprocess.Popen[bytes] | LaunchedProcess | None = None
 
     def start(self) -> Worker:
+        if self.fork and launcher().can_fork(self.args, self.env):
+            self.proc = launcher().spawn(self.args, self.env, self.log)
+            return self
         out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115 - held by the child
         self.proc = subprocess.Popen(
             self.args, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True

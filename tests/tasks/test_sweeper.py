@@ -23,7 +23,7 @@ from tests.store.scenario import start, waiting_on
 def sweeper_settings(request: pytest.FixtureRequest, settings: Settings) -> Settings:
     """The broker is the state Redis, or the same Redis named again by `AGENTS_BROKER_URL`."""
     broker = settings.redis_url if request.param == "broker-url" else None
-    return replace(settings, owed_grace=1.0, lost_grace=300.0, skew_margin=1.0, broker_url=broker)
+    return replace(settings, owed_grace=1.0, lost_grace=300.0, clock_skew=1.0, broker_url=broker)
 
 
 @pytest.fixture

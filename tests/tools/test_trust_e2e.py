@@ -160,7 +160,8 @@ def worker(
         AGENTS_SANDBOX_BWRAP="require" if mode.endswith("+bwrap") else "off",
     )
     log = tmp_path_factory.mktemp("trust-logs") / f"{mode}.log"
-    started = Worker(env, log=log, name=f"trust-{mode}-{uuid.uuid4().hex[:6]}@test", prefix=wrap).start()
+    # Exec'd: the probe looks for the secret in every /proc/<pid>/environ, the worker's included.
+    started = Worker(env, log=log, name=f"trust-{mode}-{uuid.uuid4().hex[:6]}@test", prefix=wrap, fork=False).start()
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     try:
         started.wait_ready(client, prefix, timeout=90)

@@ -4,13 +4,14 @@ the contract's error codes as statuses, Server-Sent Events with Last-Event-ID re
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.support.llm_server import LlmServer, text
 from tests.support.serve import Serve
-from tests.web.conftest import LIMIT_BYTES, blocked, one_approval, read_events, started
+from tests.web.conftest import LIMIT_BYTES, blocked, one_approval, read_events, serve_env, started
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("web_workers")]
 
@@ -204,3 +205,37 @@ def test_openapi_describes_every_endpoint_and_docs_load_without_a_cdn(api: httpx
     links = re.findall(r'(?:src|href)="([^"]+)"', docs.text)
     assert links and all(link.startswith("/") and not link.startswith("//") for link in links)
     assert api.get("/docs-assets/swagger-ui-bundle.js").status_code == 200
+
+
+def test_two_serve_processes_answer_alike_and_accept_each_others_forms(
+    api: httpx.Client,
+    api_token: str,
+    llm_server: LlmServer,
+    redis_url: str,
+    module_prefix: str,
+    tmp_path: Path,
+) -> None:
+    env = serve_env(redis_url, module_prefix, AGENTS_API_TOKEN=api_token)
+    with (
+        Serve(env, tmp_path / "second.log") as second,
+        httpx.Client(base_url=second.url, headers={"Authorization": f"Bearer {api_token}"}, timeout=60) as other,
+    ):
+        view = blocked(api, one_approval(llm_server, answer="both agree"))
+        sid, call = view["session_id"], view["pending"][0]
+        assert other.get(f"/v1/sessions/{sid}/pending").json() == {"pending": [call]}
+        # The form comes from the first process, its submission goes to the second.
+        page = api.get("/")
+        csrf = re.search(r'name="csrf" value="([^"]+)"', page.text)
+        assert csrf
+        cookies = {"agents_csrf": api.cookies["agents_csrf"]}
+        form = {"csrf": csrf.group(1), "token": call["token"], "result": "fine", "back": f"/sessions/{sid}"}
+        done = httpx.post(
+            f"{second.url}/approve",
+            data=form,
+            cookies=cookies,
+            headers={"Authorization": f"Bearer {api_token}"},
+            follow_redirects=False,
+        )
+        assert done.headers["location"] == f"/sessions/{sid}?done=approved"
+        assert [e["type"] for e in read_events(other, sid, until="completed")][-1] == "completed"
+        assert api.get(f"/v1/sessions/{sid}").json()["response"] == "both agree"

@@ -81,6 +81,10 @@ def test_a_person_approves_one_call_and_rejects_another_in_the_browser_and_both_
     assert '"amount": 9000' in card.locator("pre.args").inner_text()
     assert "payments need a person" in card.inner_text()
     shot(page, "pending")
+    if os.environ.get("AGENTS_SCREENSHOTS"):
+        page.set_viewport_size({"width": 390, "height": 844})
+        shot(page, "phone")
+        page.set_viewport_size({"width": 1100, "height": 900})
 
     watcher = page.context.new_page()
     watcher.goto(f"{server.url}/sessions/{b}")
@@ -98,7 +102,7 @@ def test_a_person_approves_one_call_and_rejects_another_in_the_browser_and_both_
     page.wait_for_selector("text=Rejected.")
 
     # The watcher never reloads: its page redraws from the session's events.
-    watcher.wait_for_function("document.getElementById('session-state').textContent === 'completed'")
+    watcher.wait_for_selector("#session-state.completed")
     assert "did not pay" in watcher.inner_text(".answer")
     assert "too expensive" in watcher.inner_text(".transcript")
     shot(watcher, "session")

@@ -1,6 +1,6 @@
 // The approvals page's only script: redraw the live part of a page from the server.
 // A session page redraws when its Server-Sent Events say something happened; the list of
-// pending calls redraws every few seconds. Nothing is redrawn while you are typing in a form.
+// pending calls redraws every few seconds. Nothing is redrawn while you are deciding in a form.
 (function () {
   "use strict";
   var live = document.getElementById("live");
@@ -9,9 +9,16 @@
   var eventsUrl = live.getAttribute("data-events");
   var timer = null;
 
+  // A person deciding: focus in one of the forms, or text typed into one. Redrawing then would
+  // throw their words away.
   function busy() {
     var el = document.activeElement;
-    return el && live.contains(el) && (el.tagName === "TEXTAREA" || el.tagName === "INPUT") && el.value !== "";
+    if (el && live.contains(el) && el.closest("form")) { return true; }
+    var fields = live.querySelectorAll("textarea, input[type=text]");
+    for (var i = 0; i < fields.length; i++) {
+      if (fields[i].value !== "") { return true; }
+    }
+    return false;
   }
 
   function redraw() {

@@ -1,0 +1,269 @@
+"""Start `agents worker` processes by forking them from one warm process instead of a fresh
+interpreter each: a worker costs a fork, not seconds of imports (litellm alone is ~5 s of CPU).
+
+The launcher is one process per test run (started on first use, `python -m tests.support.launcher`)
+that imports the third-party libraries a worker needs (litellm, Celery, kombu, redis, pydantic...)
+and nothing of celery_agents: some of its modules read the environment when imported, and each
+worker gets its own. For each request it forks; the child starts a session of its own, sets its
+environment, sends stdout and stderr to the log, and runs `python -m celery_agents.cli.main`'s
+code with the worker's argv: the very `agents worker` code, forking its Celery workers from its own
+zygote in turn (tasks/supervisor.py).
+
+A process's /proc/<pid>/environ shows the environment it was exec'd with, not the one set after a
+fork: a test that looks for a secret there execs its worker (`Worker(..., fork=False)`). A worker
+whose environment differs from the launcher's in more than `AGENTS_*` and `FORKABLE` (a library
+setting read at import) is exec'd as before (`can_fork`). Protocol on the launcher's stdin/stdout: a JSON request
+`{"argv", "env", "log"}` per line; replies `pid N` (in order), and `exit N CODE` when one ends.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import gc
+import json
+import os
+import runpy
+import select
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+MODULE = "celery_agents.cli.main"
+#: keys outside AGENTS_* a forked worker may have: read when a model is called, not at import
+FORKABLE = frozenset({"OPENAI_API_KEY"})
+
+
+def base_env() -> dict[str, str]:
+    """The environment of the launcher: the test process's, without `AGENTS_*`, as workers get it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTS_")}
+    env["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+class LaunchedProcess:
+    """A worker forked by the launcher, seen from the test process: what tests use of `Popen`."""
+
+    def __init__(self, launcher: Launcher, pid: int, args: list[str]) -> None:
+        self.launcher, self.pid, self.args = launcher, pid, args
+
+    @property
+    def returncode(self) -> int | None:
+        return self.launcher.exited.get(self.pid)
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        with self.launcher.changed:
+            if not self.launcher.changed.wait_for(lambda: self.returncode is not None, timeout):
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class Launcher:
+    """The test process's side: one launcher subprocess, a thread reading its replies."""
+
+    def __init__(self) -> None:
+        self.env = base_env()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.support.launcher"],
+            cwd=ROOT,
+            env=self.env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        self.exited: dict[int, int] = {}
+        self.changed = threading.Condition()
+        self._pids: list[int] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._read, name="launcher-replies", daemon=True).start()
+
+    def can_fork(self, argv: list[str], env: Mapping[str, str]) -> bool:
+        """Whether a worker with this argv and environment may be forked (see the module doc)."""
+        if argv[1:3] != ["-m", MODULE] or argv[0] != sys.executable:
+            return False
+
+        def fixed(e: Mapping[str, str]) -> dict[str, str]:
+            return {k: v for k, v in e.items() if not k.startswith("AGENTS_") and k not in FORKABLE}
+
+        return fixed(env) == fixed(self.env) and self.proc.poll() is None
+
+    def spawn(self, argv: list[str], env: Mapping[str, str], log: Path | None) -> LaunchedProcess:
+        request = json.dumps({"argv": argv, "env": dict(env), "log": str(log) if log else None}) + "\n"
+        with self._lock, self.changed:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(request.encode())
+            self.proc.stdin.flush()
+            if not self.changed.wait_for(lambda: self._pids or self.proc.poll() is not None, 60):
+                raise RuntimeError("the launcher did not answer within 60 s")
+            if not self._pids:
+                raise RuntimeError(f"the launcher exited with {self.proc.returncode}")
+            return LaunchedProcess(self, self._pids.pop(0), argv)
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            word, *numbers = line.decode().split()
+            with self.changed:
+                if word == "pid":
+                    self._pids.append(int(numbers[0]))
+                else:
+                    self.exited[int(numbers[0])] = int(numbers[1])
+                self.changed.notify_all()
+        with self.changed:
+            self.changed.notify_all()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+_launcher: Launcher | None = None
+_launcher_lock = threading.Lock()
+
+
+def launcher() -> Launcher:
+    """The test run's launcher, started on first use and stopped when the run ends."""
+    global _launcher
+    with _launcher_lock:
+        if _launcher is None or _launcher.proc.poll() is not None:
+            _launcher = Launcher()
+            atexit.register(_launcher.close)
+        return _launcher
+
+
+# ---- the launcher process ------------------------------------------------------------------------
+
+
+def _preload() -> None:
+    """What an `agents worker` imports from other projects (none of it reads AGENTS_*)."""
+    os.environ.setdefault("LITELLM_LOG", "ERROR")  # as celery_agents.llm.adapter.ensure_litellm
+    import celery.apps.worker
+    import celery.concurrency.prefork
+    import celery.concurrency.thread
+    import httpx
+    import kombu.transport.redis
+    import litellm
+    import pydantic
+    import redis
+    import typer
+
+    del celery, httpx, kombu, litellm, pydantic, redis, typer
+    gc.collect()
+    gc.freeze()  # a worker's collections leave these pages shared (as in tasks/supervisor.py)
+
+
+def _serve() -> None:
+    _preload()
+    requests, replies = sys.stdin.fileno(), sys.stdout.fileno()
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    children: set[int] = set()
+    buf = b""
+    while True:
+        readable, _, _ = select.select([requests, wake_r], [], [], 1.0)
+        if wake_r in readable:
+            os.read(wake_r, 4096)
+        _reap(children, replies)
+        if requests not in readable:
+            continue
+        data = os.read(requests, 1 << 20)
+        if not data:  # the test run is over; its workers were stopped or are its to stop
+            return
+        buf += data
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            request = json.loads(line)
+            pid = os.fork()
+            if pid == 0:
+                _worker(request, (requests, replies, wake_r, wake_w))
+            children.add(pid)
+            os.write(replies, f"pid {pid}\n".encode())
+
+
+def _reap(children: set[int], replies: int) -> None:
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        children.discard(pid)
+        os.write(replies, f"exit {pid} {os.waitstatus_to_exitcode(status)}\n".encode())
+
+
+def _worker(request: dict[str, Any], launcher_fds: tuple[int, ...]) -> None:
+    """In the forked child: become the worker process `Popen(argv, env, start_new_session)` makes."""
+    code: int | str | None = 1
+    try:
+        os.setsid()
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        out = os.open(request["log"] or os.devnull, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        for fd in (out, null, *launcher_fds):
+            if fd > 2:
+                os.close(fd)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        sys.argv = [MODULE, *request["argv"][3:]]
+        runpy.run_module(MODULE, run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        _exit(code)
+
+
+def _exit(code: int | str | None) -> None:
+    """Leave as an interpreter does (non-daemon threads joined, atexit, streams flushed)."""
+    with contextlib.suppress(Exception):
+        threading._shutdown()  # type: ignore[attr-defined]
+    with contextlib.suppress(Exception):
+        atexit._run_exitfuncs()
+    if isinstance(code, str):
+        print(code, file=sys.stderr)
+        code = 1
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code or 0)
+
+
+if __name__ == "__main__":
+    _serve()
