@@ -38,8 +38,7 @@ def run_child_call(store: Store, session_id: str, call: TrackedCall, agent: Agen
         event = {"call_id": call.call_id, "tool": call.tool, "state": CallState.FAILED.value}
         return ChildRun(child, finished=store.record_result(session_id, call.field, body, event))
     prompt = str(call.arguments.get("prompt", "")) if isinstance(call.arguments, dict) else ""
-    parent = store.header(session_id)
-    if store.start_child(parent, call.field, child, sub, UserQuery(text=prompt)):
+    if store.start_child(session_id, call.field, child, sub, UserQuery(text=prompt)):
         checkpoint("child_created", store, child)
         if store.header(session_id).status == Status.CANCELLED:
             # Cancelled while the child was being made: the cancel may have looked for children

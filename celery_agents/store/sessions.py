@@ -68,16 +68,14 @@ class SessionStore(StoreCore):
         self._agents[content_hash] = agent
         return header
 
-    def start_child(
-        self, parent: SessionHeader, call_field: str, child_id: str, agent: AgentSpec, query: UserQuery
-    ) -> bool:
+    def start_child(self, parent_id: str, call_field: str, child_id: str, agent: AgentSpec, query: UserQuery) -> bool:
         """Start the child session of a sub-agent call, auto-driven and owed its first step, unless
         it exists already (an earlier attempt made it): returns whether this call made it. The
         parent lists it first, so that a crash in between leaves it findable (cancel reaches it)."""
-        self.client.sadd(self.keys.children(parent.session_id), child_id)
+        self.client.sadd(self.keys.children(parent_id), child_id)
         try:
             self.create_session(
-                agent, query, drive="auto", owe=True, session_id=child_id, parent=(parent.session_id, call_field)
+                agent, query, drive="auto", owe=True, session_id=child_id, parent=(parent_id, call_field)
             )
         except SessionNotAdvanceable:
             return False
