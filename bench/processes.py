@@ -144,12 +144,18 @@ class Processes:
         raise RuntimeError(f"redis-server did not start; log:\n{self.log_tail('redis')}")
 
     def agents_worker(
-        self, env: dict[str, str], step_processes: int | None, name: str, queues: str = "steps,tools,isolated"
+        self,
+        env: dict[str, str],
+        step_processes: int | None,
+        name: str,
+        queues: str = "steps,tools,isolated",
+        extra: list[str] | None = None,
     ) -> subprocess.Popen[bytes]:
         """`agents worker` as a user starts it (`step_processes` None: its default, one per core)."""
         args = [sys.executable, "-m", "celery_agents.cli.main", "worker", "--queues", queues, "--name", name]
         if step_processes:
             args += ["--step-processes", str(step_processes)]
+        args += extra or []
         return self.start(name.split("@")[0], [*args, "--loglevel", "WARNING"], env)
 
     def bare_worker(self, env: dict[str, str], concurrency: int, name: str) -> subprocess.Popen[bytes]:

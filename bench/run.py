@@ -27,6 +27,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -41,7 +42,15 @@ if __package__ in (None, ""):
 import redis
 
 from bench.in_flight import bench_slow_model
-from bench.processes import Processes, agents_env, own_cpu_seconds, time_cli, tree_cpu_seconds, wait_heartbeat
+from bench.processes import (
+    Processes,
+    agents_env,
+    free_port,
+    own_cpu_seconds,
+    time_cli,
+    tree_cpu_seconds,
+    wait_heartbeat,
+)
 from bench.write_growth import measure as measure_write_growth
 
 STEP_AGENT: dict[str, Any] = {"slug": "bench", "model": "demo/bench"}
@@ -374,6 +383,67 @@ def bench_completions(agents: Agents, url: str, prefix: str, sizes: Sizes) -> di
     }
 
 
+# -- the cost of metrics --------------------------------------------------------------------------
+def bench_metrics_cost(procs: Processes, url: str, prefix: str, workers: int, sizes: Sizes) -> dict[str, Any]:
+    """Step throughput of `agents worker` without and with `--metrics-port`, in alternating rounds
+    (off, on, off, on) so that the machine's load drifts over both alike; medians of the rounds.
+    The metrics worker's `/metrics` is scraped after each round: it must have counted every step."""
+    rounds: dict[str, list[tuple[float, float]]] = {"off": [], "on": []}
+    for i, mode in enumerate(["off", "on", "off", "on"]):
+        port = free_port() if mode == "on" else None
+        rounds[mode].append(metrics_round(procs, url, prefix, workers, sizes, f"metrics{mode}{i}-{prefix}@bench", port))
+    off = statistics.median(r[0] for r in rounds["off"])
+    on = statistics.median(r[0] for r in rounds["on"])
+    return {
+        "metrics_off_steps_per_s": off,
+        "metrics_on_steps_per_s": on,
+        "metrics_throughput_on_vs_off": on / off,
+        "metrics_off_worker_cpu_ms_per_step": statistics.median(r[1] for r in rounds["off"]),
+        "metrics_on_worker_cpu_ms_per_step": statistics.median(r[1] for r in rounds["on"]),
+        "metrics_rounds_steps_per_s": {k: [round(r[0], 1) for r in vs] for k, vs in rounds.items()},
+    }
+
+
+def metrics_round(
+    procs: Processes, url: str, prefix: str, workers: int, sizes: Sizes, name: str, port: int | None
+) -> tuple[float, float]:
+    """(steps/s, worker CPU ms per step) of one worker, with metrics on `port` (None: off)."""
+    agents = Agents(url, prefix)
+    keys = agents.store.keys
+    extra = ["--metrics-port", str(port)] if port is not None else []
+    worker = procs.agents_worker(agents_env(url, prefix), workers, name, extra=extra)
+    try:
+        wait_heartbeat(agents.client, prefix, name, worker)
+        for sid in agents.create(sizes.warmup, agent=agents.step_agent, text="Hello"):
+            agents.step_roundtrip(sid)
+        n = sizes.throughput
+        sids = agents.create(n, agent=agents.step_agent, text="Hello")
+        done_before = agents.client.zcard(keys.state_index("completed"))
+        split = CpuSplit(procs, worker.pid)
+        t0 = time.perf_counter()
+        for sid in sids:
+            agents.dispatcher.step(sid, 1, "bench")
+        wait_until(lambda: agents.client.zcard(keys.state_index("completed")) - done_before >= n, 600, f"{n} steps")
+        result = n / (time.perf_counter() - t0), split.per_task(n)["worker"]
+        if port is not None and (counted := scraped_steps(port)) < n + sizes.warmup:
+            raise RuntimeError(f"/metrics counted {counted} committed steps of {n + sizes.warmup}")
+        return result
+    finally:
+        procs.stop(worker, name)
+        agents.close()
+
+
+def scraped_steps(port: int) -> float:
+    """`agents_steps_total{outcome="committed"}` as the worker's `/metrics` says."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith('agents_steps_total{outcome="committed"}'):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
 # -- the run --------------------------------------------------------------------------------------
 def versions(url: str) -> dict[str, Any]:
     def v(dist: str) -> str:
@@ -399,7 +469,7 @@ def versions(url: str) -> dict[str, Any]:
     }
 
 
-def run(quick: bool, workers: int) -> dict[str, Any]:
+def run(quick: bool, workers: int, metrics_cost: bool = False) -> dict[str, Any]:
     sizes = Sizes(quick)
     prefix = f"bench{uuid.uuid4().hex[:8]}"
     started = time.perf_counter()
@@ -418,6 +488,8 @@ def run(quick: bool, workers: int) -> dict[str, Any]:
         result.update(model_call_bounds(result, sizes))
         result.update(against_naive(result))
         result.update(bench_slow_model(procs, url, prefix, workers, sizes.slow_sessions))
+        if metrics_cost:
+            result.update(bench_metrics_cost(procs, url, prefix, workers, sizes))
         result["samples"] = {
             "roundtrip": sizes.latency,
             "throughput": sizes.throughput,
@@ -529,6 +601,15 @@ def render(result: dict[str, Any]) -> str:
             result["cpu_ms_per_step"].get("worker", 0.0),
         ),
     ]
+    if "metrics_throughput_on_vs_off" in result:
+        rows += [
+            (
+                "steps/s without / with --metrics-port",
+                result["metrics_off_steps_per_s"],
+                result["metrics_on_steps_per_s"],
+            ),
+            ("  with ÷ without", result["metrics_throughput_on_vs_off"], ""),
+        ]
     lines = [
         f"celery-agents benchmark ({'quick' if result['quick'] else 'full'}; {result['workers']} steps processes; "
         f"{result['cores']} cores; redis-server {result['redis_server']})"
@@ -568,9 +649,14 @@ def main(argv: list[str] | None = None) -> int:
         help="steps processes of `agents worker` and of the naive loop, prefork processes of bare Celery "
         "(default: one per core, as `agents worker` runs)",
     )
+    parser.add_argument(
+        "--metrics-port",
+        action="store_true",
+        help="also measure step throughput with and without `agents worker --metrics-port`, in alternating rounds",
+    )
     args = parser.parse_args(argv)
     try:
-        result = run(args.quick, args.workers)
+        result = run(args.quick, args.workers, args.metrics_port)
     except KeyboardInterrupt:
         print("interrupted; every process the benchmark started was stopped", file=sys.stderr)
         return 130

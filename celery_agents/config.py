@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Annotated, Any, get_type_hints
+from typing import Annotated, Any, Literal, get_type_hints
 
 from pydantic import AfterValidator, BeforeValidator, Field, TypeAdapter, ValidationError
 
@@ -49,6 +49,18 @@ def _flag(value: object) -> object:
 
 def _off_when_not_positive(days: float | None) -> float | None:
     return days if days is not None and days > 0 else None
+
+
+def _lower_text(value: object) -> object:
+    return value.strip().lower() if isinstance(value, str) else value
+
+
+_SWITCH = {"on": "1", "true": "1", "yes": "1", "off": "0", "false": "0", "no": "0"}
+
+
+def _switch(value: object) -> object:
+    text = _lower_text(value)
+    return _SWITCH.get(text, text) if isinstance(text, str) else text
 
 
 Positive = Annotated[int, Field(gt=0)]
@@ -158,6 +170,19 @@ class Settings:
         repr=False,
         metadata=env("AGENTS_API_TOKEN", "`agents serve` asks every request for it; unset: loopback addresses only"),
     )
+    metrics_dir: Annotated[Path, AfterValidator(_expand)] | None = field(
+        default=None,
+        metadata=env("AGENTS_METRICS_DIR", "where a worker's processes count metrics (set by `--metrics-port`)"),
+    )
+    log_format: Annotated[Literal["text", "json"], BeforeValidator(_lower_text)] = field(
+        default="text", metadata=env("AGENTS_LOG_FORMAT", "text, or json: worker logs as one JSON object per line")
+    )
+    tracing: Annotated[Literal["auto", "1", "0"], BeforeValidator(_switch)] = field(
+        default="auto", metadata=env("AGENTS_TRACING", "1 or 0: OpenTelemetry traces; auto: on with an OTLP endpoint")
+    )
+    otlp_endpoint: str | None = field(
+        default=None, metadata=env("OTEL_EXPORTER_OTLP_ENDPOINT", "where traces go (OTLP/HTTP; extra `otel`)")
+    )
     fault_pause: str = field(
         default="", metadata=env("AGENTS_FAULT_PAUSE", "chaos tests: the checkpoint a worker stops at")
     )
@@ -173,9 +198,9 @@ class Settings:
         return self.redis_url is None
 
     @property
-    def skew_margin(self) -> float:
-        """The old name of `clock_skew`."""
-        return self.clock_skew
+    def tracing_on(self) -> bool:
+        """Traces are kept: AGENTS_TRACING=1, or an OTLP endpoint unless AGENTS_TRACING=0."""
+        return self.tracing == "1" or (self.tracing == "auto" and bool(self.otlp_endpoint))
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Settings:

@@ -47,6 +47,10 @@ SET = {
     "AGENTS_FAULT_PAUSE": ("after_commit", "after_commit"),
     "AGENTS_FAULT_PAUSE_SECONDS": ("1", 1.0),
     "AGENTS_FAULT_CLOCK_SHIFT": ("-3600", -3600.0),
+    "AGENTS_METRICS_DIR": ("/tmp/m", Path("/tmp/m")),
+    "AGENTS_LOG_FORMAT": ("JSON", "json"),
+    "AGENTS_TRACING": ("on", "1"),
+    "OTEL_EXPORTER_OTLP_ENDPOINT": ("http://127.0.0.1:4318", "http://127.0.0.1:4318"),
 }
 
 

@@ -615,12 +615,20 @@ def worker(
     ] = None,
     name: Annotated[str | None, typer.Option("--name", "-n", help="Worker name (Celery hostname).")] = None,
     loglevel: Annotated[str, typer.Option("--loglevel", "-l", help="Log level.")] = "INFO",
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port", help="Serve Prometheus metrics at http://127.0.0.1:PORT/metrics.", min=0, max=65535
+        ),
+    ] = None,
+    metrics_host: Annotated[
+        str, typer.Option("--metrics-host", help="Address /metrics listens on (0.0.0.0 in a container).")
+    ] = "127.0.0.1",
 ) -> None:
     """Run the workers for steps and tool calls (on the embedded Redis when AGENTS_REDIS_URL is unset).
 
     Steps wait on the model in threads (--step-threads per process, --step-processes processes);
     tool calls run in a prefork pool of --concurrency processes. One process supervises them all."""
-    import logging
     import os
     import socket
 
@@ -631,7 +639,10 @@ def worker(
     unknown = [q for q in wanted if q not in QUEUES]
     if unknown or not wanted:
         _fail(InvalidInput(f"unknown queue(s): {', '.join(unknown) or '(none given)'}; use {', '.join(QUEUES)}"), False)
-    logging.basicConfig(level=loglevel.upper(), format="[%(asctime)s: %(levelname)s/supervisor] %(message)s")
+    from celery_agents.config import Settings
+    from celery_agents.observe.logs import configure_root
+
+    configure_root(Settings.from_env().log_format == "json", loglevel)
     plan = WorkerPlan(
         queues=wanted,
         name=name or f"agents-{os.getpid()}@{socket.gethostname()}",
@@ -639,6 +650,8 @@ def worker(
         step_processes=step_processes or default_step_processes(),
         step_threads=step_threads,
         loglevel=loglevel,
+        metrics_port=metrics_port,
+        metrics_host=metrics_host,
     )
     try:
         code = Supervisor(plan).run()
@@ -687,7 +700,7 @@ def serve(
     from celery_agents.web.app import create_app
 
     sys.stderr.write(f"serving http://{host}:{port}/ (API at /v1, docs at /docs)\n")
-    uvicorn.run(create_app(settings), host=host, port=port, log_level=loglevel.lower(), proxy_headers=False)
+    uvicorn.run(create_app(settings), host=host, port=port, log_level=loglevel.lower())
 
 
 @app.command()

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from celery_agents import observe
 from celery_agents.backoff import exponential_backoff
 from celery_agents.config import Settings
 from celery_agents.llm.demo import register_demo_model
@@ -200,7 +201,10 @@ class LitellmPort:
         failures: list[LlmFailure] = []
         for model, api_base, api_key_env in endpoints:
             try:
-                return self._complete_with(request, model, api_base, api_key_env)
+                with observe.model_call(model) as watch:
+                    turn = self._complete_with(request, model, api_base, api_key_env)
+                    observe.model_answered(watch, model, turn)
+                return turn
             except LlmFailure as exc:
                 failures.append(exc)
         last = failures[-1]

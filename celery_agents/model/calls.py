@@ -62,6 +62,9 @@ class TrackedCall(BaseModel):
     duration_ms: float | None = None
     exit_status: int | None = None
     completed_by: str | None = None
+    #: W3C trace context of the step that deferred the call (tracing on): its completion, days
+    #: later, joins the session's trace
+    traceparent: str | None = None
     meta: dict[str, Any] = Field(default_factory=dict)
 
     @property

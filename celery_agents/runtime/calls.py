@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from redis.exceptions import LockError
 
+from celery_agents import observe
 from celery_agents.errors import UntrustedSpec
 from celery_agents.model import CallState, TrackedCall
 from celery_agents.runtime.lease import LeaseKeeper
@@ -59,8 +60,10 @@ def run_call(store: Store, session_id: str, field: str, tools: ToolPort, owner: 
             # A cancelled session empties its pending set: then the call's processes are killed.
             return store.call_pending(session_id, field)
 
-        with LeaseKeeper(store, lease.name, owner, still_wanted=still_wanted) as keeper, cancellable(keeper.cancel):
-            outcome = tools.run(agent, session_id, call.model_copy(update={"started_at": started}))
+        with observe.tool_call(agent, call) as watch:
+            with LeaseKeeper(store, lease.name, owner, still_wanted=still_wanted) as keeper, cancellable(keeper.cancel):
+                outcome = tools.run(agent, session_id, call.model_copy(update={"started_at": started}))
+            observe.tool_ran(watch, outcome)
         finished = _record(store, session_id, field, call, outcome, started)
         return CallRun(status=finished.status, finished=finished, call=call)
     finally:

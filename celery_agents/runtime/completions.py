@@ -19,6 +19,7 @@ from typing import Any
 
 import redis
 
+from celery_agents import observe
 from celery_agents.errors import AgentsError, InvalidEntry, InvalidResult, TokenExpired
 from celery_agents.model import CompletionOutcome, TrackedCall
 from celery_agents.model.limits import UnusableJson, check_depth, load_json
@@ -83,18 +84,20 @@ def complete(
     check_result(result, store.settings.max_result_bytes)
     # The deadline is checked against Redis's clock (unless a test gives `now`), not this host's.
     outcome = completion_json(result, is_error=is_error, by=by, now=time.time() if now is None else now)
-    try:
-        done, version = store.complete_token(
-            token, outcome, by=by or "", event={"by": by or "", "error": is_error}, now=now
-        )
-    except TokenExpired as exc:
-        if wake is not None and "wake_version" in exc.details:
-            wake(token.partition(".")[0], int(exc.details["wake_version"]))
-        raise
-    if done.woken and wake is not None:
-        wake(done.session_id, version)
-    if done.delegated is not None and dispatch is not None:
-        dispatch(done.session_id, store.call(done.session_id, done.delegated))
+    with observe.token_wait(store, token, by) as watch:
+        try:
+            done, version = store.complete_token(
+                token, outcome, by=by or "", event={"by": by or "", "error": is_error}, now=now
+            )
+        except TokenExpired as exc:
+            if wake is not None and "wake_version" in exc.details:
+                wake(token.partition(".")[0], int(exc.details["wake_version"]))
+            raise
+        watch.outcome = "failed" if is_error else "completed"
+        if done.woken and wake is not None:
+            wake(done.session_id, version)
+        if done.delegated is not None and dispatch is not None:
+            dispatch(done.session_id, store.call(done.session_id, done.delegated))
     return done
 
 
@@ -147,6 +150,7 @@ class CompletionConsumer:
             done = complete(
                 store, token, result, is_error=is_error, by=by or None, wake=self.wake, dispatch=self.dispatch
             )
+            observe.completion("applied")
         except AgentsError as exc:
             self._reject(entry_id, token, by, exc.code, exc.message)
         except (redis.ConnectionError, redis.TimeoutError):
@@ -158,6 +162,7 @@ class CompletionConsumer:
         return done
 
     def _reject(self, entry_id: str, token: str, by: str, reason: str, message: str) -> None:
+        observe.completion(reason)
         self.store.record_rejection(token, reason, message, by=by, entry=entry_id)
         log.info("completion %s rejected (%s): %s", entry_id, reason, message)
 

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from celery_agents import observe
 from celery_agents.model import AgentSpec, LlmTurn, Media, TrackedCall
 from celery_agents.runtime.faults import checkpoint
 from celery_agents.scheduler.ports import CallOutcome, LlmPort, LlmRequest, ToolPort
@@ -104,7 +105,9 @@ class JournaledTools:
         raw = self.journal.get(field)
         if raw is None:
             self.fence.check(session_id)
-            outcome = bound_outcome(self.inner.run(agent, session_id, call), self.store.settings.max_result_bytes)
+            with observe.tool_call(agent, call) as watch:
+                outcome = bound_outcome(self.inner.run(agent, session_id, call), self.store.settings.max_result_bytes)
+                observe.tool_ran(watch, outcome)
             raw = self.store.journal_put(
                 session_id, field, outcome_to_json(outcome), self.fence.owner, self.fence.version
             )

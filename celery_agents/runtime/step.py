@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import redis
 
+from celery_agents import observe
 from celery_agents.errors import RedisUnavailable, UntrustedSpec
 from celery_agents.model import ErrorInfo, ScriptOutcome, SessionHeader, State, StepOutcome, TrackedCall, UserQuery
 from celery_agents.runtime.lease import LeaseKeeper
@@ -80,6 +81,7 @@ def run_step(
             inbox = _inbox_of_step(store, session_id, loaded, fence)
             snap = Snapshot(header=header, agent=agent, turns=loaded.turns, calls=loaded.calls, inbox=inbox)
             t = advance(snap, ports)
+            t.calls = observe.stamp_deferred(t.calls)
     except LeaseLost as exc:
         # Frozen or cut off long enough for another worker to take over: that worker owns the
         # step now; this one starts nothing more and leaves the session alone.

@@ -95,6 +95,24 @@ class CallStore(StoreCore):
             approximate=True,
         )
 
+    def call_of_token(self, token: str) -> tuple[TrackedCall, str] | None:
+        """The deferred call a token completes and its session's agent hash, or None (unknown
+        token); two round trips, taken only when metrics or traces want the call."""
+        try:
+            sid, secret = parse_token(token)
+        except UnknownToken:
+            return None
+        field = self.client.hget(self.keys.token(sid, secret), "field")
+        if field is None:
+            return None
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hget(self.keys.calls(sid), field)
+        pipe.hget(self.keys.meta(sid), "agent_hash")
+        raw, agent_hash = pipe.execute()
+        if raw is None:
+            return None
+        return TrackedCall.model_validate_json(raw), agent_hash or ""
+
     def expire_call(self, session_id: str, field: str, now: float | None = None) -> Finished:
         """Expire a deferred call if its deadline has passed by Redis's clock (or by `now`)."""
         raw = self.client.hget(self.keys.calls(session_id), field)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 from celery_agents.model import LlmTurn, PendingCall, ScriptOutcome, SessionHeader, TrackedCall, UserQuery, UserTurn
+from celery_agents.model.recovery import Recovery
 
 
 class LeaseLost(Exception):
@@ -79,8 +80,9 @@ class Transcript:
     version: int
 
 
-#: what the sweeper does with an outbox entry or a dispatched call (store/lua/sweep_*.lua)
-SweepVerdict = Literal["settled", "running", "waiting", "republish"]
+#: what the sweeper does with an outbox entry or a dispatched call (store/lua/sweep_*.lua): the
+#: verdicts of `model.recovery.recovery_decision`, the one rule the scripts apply
+SweepVerdict = Recovery
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import cast
 
 from celery_agents.model import TrackedCall
+from celery_agents.model.recovery import Recovery
 from celery_agents.store.core import StoreCore
 from celery_agents.store.records import Swept
 
@@ -27,7 +28,7 @@ class SweepStore(StoreCore):
         for sid, lost in candidates:
             self._run("sweep_owed", sid, ["1" if lost else "0"], now=now, pipe=pipe)
         return [
-            Swept(sid, res[0], version=int(res[1]) if res[0] == "republish" else 0)
+            Swept(sid, Recovery(res[0]), version=int(res[1]) if res[0] == Recovery.REPUBLISH else 0)
             for (sid, _), res in zip(candidates, pipe.execute(), strict=True)
         ]
 
@@ -42,9 +43,9 @@ class SweepStore(StoreCore):
         return [
             Swept(
                 sid,
-                res[0],
+                Recovery(res[0]),
                 field=field,
-                call=TrackedCall.model_validate_json(res[1]) if res[0] == "republish" else None,
+                call=TrackedCall.model_validate_json(res[1]) if res[0] == Recovery.REPUBLISH else None,
             )
             for (sid, field, _), res in zip(candidates, pipe.execute(), strict=True)
         ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from celery_agents import observe
 from celery_agents.runtime import run_call
 from celery_agents.tasks.celery_app import app, worker_settings
 from celery_agents.tasks.config import CALL_TASK, ISOLATED_TASK, Dispatcher
@@ -19,11 +20,12 @@ def _run(task: Any, session_id: str, field: str, isolated: bool) -> str:
     ctx = worker_context(worker_settings())
     owner = execution_owner(task.request)
     tools = ctx.isolated_tools if isolated else ctx.tools
-    res = run_call(ctx.store, session_id, field, tools, owner)
-    if res.child is not None:
-        Dispatcher(app).step(*res.child)
-    if res.finished is not None and res.finished.woken:
-        Dispatcher(app).step(session_id, res.finished.version)
+    with observe.call_task(task.request, session_id, field):
+        res = run_call(ctx.store, session_id, field, tools, owner)
+        if res.child is not None:
+            Dispatcher(app).step(*res.child)
+        if res.finished is not None and res.finished.woken:
+            Dispatcher(app).step(session_id, res.finished.version)
     leave_if_outrun()
     return res.status
 

@@ -116,7 +116,11 @@ class Dispatcher:
 
     def step(self, session_id: str, version: int, request: str = "") -> None:
         self.app.send_task(
-            STEP_TASK, args=(session_id, version, request), queue="steps", headers={PUBLISHED_MS: _now_ms()}
+            STEP_TASK,
+            args=(session_id, version, request),
+            queue="steps",
+            headers={PUBLISHED_MS: _now_ms()},
+            argsrepr=step_argsrepr(session_id, version, request),
         )
 
     def call(self, session_id: str, call: TrackedCall) -> None:
@@ -126,7 +130,20 @@ class Dispatcher:
             args=(session_id, call.field),
             queue="isolated" if isolated else "tools",
             headers={PUBLISHED_MS: _now_ms()},
+            argsrepr=call_argsrepr(session_id, call),
         )
+
+
+# What Flower, `celery events` and the workers' logs show as a task's arguments (Celery's
+# `argsrepr`): named, with the call's tool, instead of a bare tuple. The message's own args stay
+# the compact positional form the tasks take.
+def step_argsrepr(session_id: str, version: int, request: str) -> str:
+    return f"session={session_id} version={version}" + (f" request={request[:40]}" if request else "")
+
+
+def call_argsrepr(session_id: str, call: TrackedCall) -> str:
+    # The tool's name comes from the model by way of the agent file: quoted and cut, never trusted.
+    return f"session={session_id} call={call.field} tool={call.tool[:64]!r} {call.disposition} id={call.call_id[:64]!r}"
 
 
 def _now_ms() -> int:

@@ -8,6 +8,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from celery_agents import observe
 from celery_agents.config import Settings
 from celery_agents.llm import LitellmPort, RetryPolicy
 from celery_agents.store import Store, client_for_url, state_url
@@ -51,6 +52,7 @@ def worker_context(settings: Settings) -> WorkerContext:
 def _build(settings: Settings) -> WorkerContext:
     global _ctx, _pid
     if _ctx is None or _pid != os.getpid():
+        observe.setup(settings)
         store = Store(client_for_url(state_url(settings)), settings)
         _ctx = WorkerContext(
             settings=settings,

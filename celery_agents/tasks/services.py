@@ -10,27 +10,43 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from celery.signals import worker_init, worker_ready, worker_shutdown
+from celery.signals import worker_init, worker_process_shutdown, worker_ready, worker_shutdown
 from redis.exceptions import LockError
 from redis.lock import Lock
 
+from celery_agents import observe
 from celery_agents.config import Settings
 from celery_agents.errors import RedisUnavailable
 from celery_agents.model import build_schemas
 from celery_agents.model.recovery import Recovery
+from celery_agents.observe.logs import connect_celery
 from celery_agents.runtime.completions import CompletionConsumer
 from celery_agents.store import FINISHED_STATES, EmbeddedRedis, Store
 from celery_agents.tasks.celery_app import app, worker_settings
-from celery_agents.tasks.config import Dispatcher
+from celery_agents.tasks.config import CALL_TASK, ISOLATED_TASK, STEP_TASK, Dispatcher
 from celery_agents.tasks.context import worker_context
 from celery_agents.tasks.queues import QueueHead, QueueProbe
 from celery_agents.tasks.recycle import mark_supervised
 
 log = logging.getLogger("celery_agents.services")
+
+
+def task_log_fields(task_name: str, args: Sequence[Any]) -> dict[str, Any]:
+    """What a task's log lines are about: its session, and the step version or the call."""
+    if task_name == STEP_TASK and len(args) >= 2:
+        return {"session_id": str(args[0]), "version": args[1]}
+    if task_name in (CALL_TASK, ISOLATED_TASK) and len(args) >= 2:
+        return {"session_id": str(args[0]), "call": str(args[1])}
+    return {}
+
+
+# Session, step version and call on every line a worker logs; JSON lines under AGENTS_LOG_FORMAT=json
+# (read when Celery sets up logging, not at import).
+connect_celery(lambda: worker_settings().log_format == "json", task_log_fields)
 
 
 def sweep_once(
@@ -103,11 +119,14 @@ def _sweep_owed(store: Store, dispatcher: Dispatcher, judge: _Judge, now: float)
     if not owed:
         return 0
     candidates = [(sid, judge.lost("steps", committed_ms)) for sid, committed_ms in owed]
+    judged_lost = dict(candidates)
     published = 0
     for swept in store.sweep_owed(candidates, now):
-        if swept.verdict == Recovery.REPUBLISH.value:
+        if swept.verdict is Recovery.REPUBLISH:
             dispatcher.step(swept.session_id, swept.version, request="sweeper")
             published += 1
+            # Not judged lost: a worker had picked it up and its lease lapsed.
+            observe.republished("step", takeover=not judged_lost.get(swept.session_id, True))
     return published
 
 
@@ -116,11 +135,13 @@ def _sweep_dispatched(store: Store, dispatcher: Dispatcher, judge: _Judge, now: 
     if not due:
         return 0
     candidates = [(c.session_id, c.field, judge.lost(_call_queue(c.disposition), c.committed_ms)) for c in due]
+    judged_lost = {(sid, field): lost for sid, field, lost in candidates}
     published = 0
     for swept in store.sweep_dispatched(candidates, now):
-        if swept.verdict == Recovery.REPUBLISH.value and swept.call is not None:
+        if swept.verdict is Recovery.REPUBLISH and swept.call is not None:
             dispatcher.call(swept.session_id, swept.call)
             published += 1
+            observe.republished("call", takeover=not judged_lost.get((swept.session_id, swept.field or ""), True))
     return published
 
 
@@ -353,3 +374,8 @@ def _on_worker_shutdown(**_: Any) -> None:
     if _embedded is not None:
         _embedded.release()
         _embedded = None
+
+
+@worker_process_shutdown.connect  # type: ignore[untyped-decorator]
+def _on_process_shutdown(**_: Any) -> None:
+    observe.flush()  # a pool process's spans still buffered

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from celery_agents import observe
 from celery_agents.model import State
 from celery_agents.runtime import StepResult, run_step
 from celery_agents.runtime.faults import checkpoint
@@ -38,13 +39,21 @@ def publish_after_step(dispatcher: Dispatcher, store: Store, session_id: str, re
 def step(self: Any, session_id: str, expected_version: int, request: str = "") -> str:
     ctx = worker_context(worker_settings())
     owner = execution_owner(self.request)
-    result = run_step(
-        ctx.store, session_id, int(expected_version), llm=ctx.llm, tools=ctx.tools, owner=owner, request=request or ""
-    )
-    if result.outcome == "committed":
-        checkpoint("after_commit", ctx.store, session_id)
-        if result.parent is not None:
-            checkpoint("child_committed", ctx.store, session_id)
-    publish_after_step(Dispatcher(app), ctx.store, session_id, result)
+    with observe.step(self.request, session_id, int(expected_version)) as watch:
+        result = run_step(
+            ctx.store,
+            session_id,
+            int(expected_version),
+            llm=ctx.llm,
+            tools=ctx.tools,
+            owner=owner,
+            request=request or "",
+        )
+        watch.outcome = result.outcome
+        if result.outcome == "committed":
+            checkpoint("after_commit", ctx.store, session_id)
+            if result.parent is not None:
+                checkpoint("child_committed", ctx.store, session_id)
+        publish_after_step(Dispatcher(app), ctx.store, session_id, result)
     leave_if_outrun()
     return result.outcome

@@ -31,8 +31,14 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from celery_agents.config import Settings
 
 log = logging.getLogger("celery_agents.worker")
 
@@ -59,6 +65,10 @@ class WorkerPlan:
     step_processes: int = field(default_factory=default_step_processes)
     step_threads: int = DEFAULT_STEP_THREADS
     loglevel: str = "INFO"
+    #: serve Prometheus metrics on 127.0.0.1:metrics_port (None: keep no metrics)
+    metrics_port: int | None = None
+    #: the address `/metrics` listens on: loopback unless a container's scraper must reach it
+    metrics_host: str = "127.0.0.1"
 
     @property
     def node(self) -> tuple[str, str]:
@@ -138,6 +148,7 @@ class Supervisor:
             child.signal(signum)
 
     def run(self) -> int:
+        from celery_agents.config import Settings
         from celery_agents.tasks.celery_app import worker_settings
         from celery_agents.tasks.services import WorkerServices, worker_resources
         from celery_agents.tools.sandbox import protect_process
@@ -145,13 +156,15 @@ class Supervisor:
         protect_process()  # as every worker process: tools running as our user cannot read our keys
         ready_r, ready_w = os.pipe()
         os.set_blocking(ready_r, False)
+        # Before the zygote: the Celery workers it forks inherit the metrics folder's name.
+        metrics_path = self._metrics_folder(Settings.from_env().home)
         # Before any thread and any signal handler of ours: the zygote's children inherit neither.
         zygote = Zygote.start(steps="steps" in self.plan.queues)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
             signal.signal(sig, self._on_signal)
         code = 0
         settings = worker_settings()
-        with worker_resources(settings):
+        with worker_resources(settings), self._metrics(settings, metrics_path):
             services = WorkerServices(settings, self.plan.name, sorted(self.plan.queues))
             for child in self.children:
                 child.start(zygote, ready_w)
@@ -186,6 +199,34 @@ class Supervisor:
                 os.close(ready_r)
                 os.close(ready_w)
         return code
+
+    def _metrics_folder(self, home: Path) -> Path | None:
+        """The folder every process of this worker counts metrics into, emptied now and named in
+        the environment its Celery workers inherit; None without `--metrics-port`."""
+        if self.plan.metrics_port is None:
+            return None
+        from celery_agents.observe.metrics import prepare_dir
+
+        path = home / "metrics" / self.plan.name.replace("/", "_")
+        prepare_dir(path)
+        return path
+
+    @contextlib.contextmanager
+    def _metrics(self, settings: Settings, path: Path | None) -> Iterator[None]:
+        """`/metrics` while the worker runs (the supervisor counts too: completions, sweeps)."""
+        if self.plan.metrics_port is None or path is None:
+            yield
+            return
+        from celery_agents import observe
+        from celery_agents.observe.scrape import serve_worker_metrics
+
+        observe.setup(settings.replace(metrics_dir=path))
+        server = serve_worker_metrics(self.plan.metrics_host, self.plan.metrics_port, path, settings)
+        log.info("metrics on http://%s:%s/metrics", self.plan.metrics_host, server.port)
+        try:
+            yield
+        finally:
+            server.close()
 
     @staticmethod
     def _ready(fd: int, ready: set[int]) -> set[int]:

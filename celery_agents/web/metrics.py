@@ -1,5 +1,6 @@
 """`/metrics` of `agents serve`: gauges read from Redis's indexes at scrape time (one pipelined
-round trip each, never a scan), so every `serve` process reports the same numbers."""
+round trip each, never a scan), so every `serve` process reports the same numbers: sessions by
+state, and the backlog gauges the workers serve too (docs/observability.md)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from celery_agents.observe.metrics import backlog_families
 from celery_agents.store import Store
+from celery_agents.store.gauges import read_backlog
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -23,9 +26,8 @@ class SessionCollector(Collector):
         for state, count in self.store.state_counts().items():
             sessions.add_metric([state], count)
         yield sessions
-        yield GaugeMetricFamily(
-            "agents_pending_calls", "Unfinished tool calls of every session.", value=self.store.pending_count()
-        )
+        # The same gauges of what waits as every worker's /metrics (observe/metrics.py).
+        yield from backlog_families(read_backlog(self.store.client, self.store.keys))
 
 
 def registry_for(store: Store) -> CollectorRegistry:

@@ -28,6 +28,10 @@ from celery_agents.web.security import AUTH_COOKIE, CSRF_COOKIE, Credentials, cs
 
 router = APIRouter(include_in_schema=False)
 HERE = Path(__file__).parent
+#: the most recently updated sessions the page lists (and takes its agent filter's names from)
+PAGE_SESSIONS = 100
+#: the oldest unfinished calls the page lists
+PAGE_CALLS = 500
 #: what an Approve with an empty result field records as the call's result
 DEFAULT_APPROVAL: dict[str, Any] = {"approved": True}
 _BACK = re.compile(r"^/(sessions/[0-9a-f]{32})?$")
@@ -116,13 +120,13 @@ def _client(request: Request) -> Client:
 
 # -- reading -----------------------------------------------------------------------------------
 def _index_context(client: Client, agent: str, state: str) -> dict[str, Any]:
-    pending = client.pending(None, limit=500)
+    pending = client.pending(None, limit=PAGE_CALLS)
     headers = client.store.headers(sorted({p.session_id for p in pending}))
     agents = {h.session_id: h.agent_slug for h in headers.values()}
-    sessions = client.list(state or None, 200)
+    sessions = client.list(state or None, PAGE_SESSIONS)
     slugs = {*agents.values(), *(v.agent for v in sessions)}
     if state:  # the agent filter offers every recent agent, not only those in this state
-        slugs |= {h.agent_slug for h in client.store.list_sessions(None, 200)}
+        slugs |= {h.agent_slug for h in client.store.list_sessions(None, PAGE_SESSIONS)}
     if agent:
         pending = [p for p in pending if agents.get(p.session_id) == agent]
         sessions = [v for v in sessions if v.agent == agent]

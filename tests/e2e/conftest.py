@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from celery_agents.config import Settings
-from tests.support.workers import Worker, worker_env
+from tests.support.workers import Worker, stop_all, worker_env
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORD = ROOT / "tests" / "support" / "tools" / "record.py"
@@ -99,5 +99,4 @@ def workers(redis_url: str, module_prefix: str, tmp_path_factory: pytest.TempPat
     logdir = tmp_path_factory.mktemp("logs")
     ws = start_workers(redis_url, module_prefix, logdir, count=2, concurrency=1)
     yield ws
-    for w in ws:
-        w.stop()
+    stop_all(ws)

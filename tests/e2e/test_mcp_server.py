@@ -16,7 +16,7 @@ import pytest
 
 from tests.e2e.conftest import start_workers
 from tests.support.llm_server import LlmServer, calls, text
-from tests.support.workers import worker_env
+from tests.support.workers import stop_all, worker_env
 
 pytestmark = pytest.mark.slow
 
@@ -94,8 +94,7 @@ def test_mcp_server_with_a_worker(redis_url: str, llm_server: LlmServer, tmp_pat
     try:
         seen = asyncio.run(drive(worker_env(redis_url, prefix), agent))
     finally:
-        for w in workers:
-            w.stop()
+        stop_all(workers)
     check(seen, llm_server, scenario)
 
 

@@ -22,7 +22,7 @@ from celery_agents.store import Store, client_for_url
 from celery_agents.tasks.config import Dispatcher, make_app
 from tests.e2e.conftest import start_workers, wait_for
 from tests.support.llm_server import LlmServer, calls, text
-from tests.support.workers import Worker
+from tests.support.workers import Worker, stop_all
 
 pytestmark = pytest.mark.slow
 
@@ -35,8 +35,7 @@ def signing_workers(
 ) -> Iterator[list[Worker]]:
     ws = start_workers(redis_url, module_prefix, tmp_path_factory.mktemp("logs"), AGENTS_SPEC_KEY=KEY)
     yield ws
-    for w in ws:
-        w.stop()
+    stop_all(ws)
 
 
 def shell_agent(llm_server: LlmServer, marker: Path) -> dict[str, Any]:

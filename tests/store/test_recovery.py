@@ -44,14 +44,14 @@ def _dispatched_call(any_store: Store, entry: Entry) -> tuple[str, str]:
 def test_the_owed_step_sweep_decides_as_the_recovery_rule(any_store: Store, entry: Entry) -> None:
     sid = _owed_step(any_store, entry)
     [swept] = any_store.sweep_owed([(sid, entry.lost)], time.time())
-    assert swept.verdict == recovery_decision(entry).value
+    assert swept.verdict is recovery_decision(entry)
 
 
 @pytest.mark.parametrize("entry", COMBINATIONS, ids=repr)
 def test_the_dispatched_call_sweep_decides_as_the_recovery_rule(any_store: Store, entry: Entry) -> None:
     sid, field = _dispatched_call(any_store, entry)
     [swept] = any_store.sweep_dispatched([(sid, field, entry.lost)], time.time())
-    assert swept.verdict == recovery_decision(entry).value
+    assert swept.verdict is recovery_decision(entry)
 
 
 def test_doctor_reads_each_entry_as_the_sweeper_judges_it(any_store: Store) -> None:

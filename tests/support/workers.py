@@ -9,6 +9,7 @@ that differs from the test run's in more than `AGENTS_*` is exec'd anyway."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -57,6 +58,7 @@ class Worker:
         step_processes: int = 1,
         step_threads: int | None = None,
         fork: bool = True,
+        extra_args: Sequence[str] = (),
     ) -> None:
         """`prefix`: an argv the worker command runs under (tests/support/confinement.py)."""
         self.env = env
@@ -79,6 +81,7 @@ class Worker:
         ]
         if step_threads is not None:
             self.args += ["--step-threads", str(step_threads)]
+        self.args += list(extra_args)
         self.log = log
         self.fork = fork
         self.proc: subprocess.Popen[bytes] | LaunchedProcess | None = None
@@ -131,6 +134,17 @@ class Worker:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+def stop_all(workers: Sequence[Worker], sig: int = signal.SIGTERM, timeout: float = 30) -> None:
+    """Stop workers together: each is told at once, then each is waited for (a warm shutdown
+    takes a second or more; one after the other, a fleet's would add up)."""
+    for w in workers:
+        if w.proc is not None and w.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(w.proc.pid, sig)
+    for w in workers:
+        w.stop(sig, timeout)
 
 
 def pid_alive(pid: int) -> bool:

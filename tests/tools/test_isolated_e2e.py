@@ -22,7 +22,7 @@ from celery_agents.model import State
 from celery_agents.tools import Sandbox, SandboxConfig
 from tests.e2e.conftest import wait_for
 from tests.support.llm_server import LlmServer, calls, text
-from tests.support.workers import Worker, worker_env
+from tests.support.workers import Worker, stop_all, worker_env
 from tests.tools.conftest import PY, write_program
 
 pytestmark = pytest.mark.slow
@@ -66,8 +66,7 @@ def workers(redis_url: str, prefixes: dict[str, str], tmp_path_factory: pytest.T
             worker.wait_ready(client, prefix)
         yield
     finally:
-        for worker in started:
-            worker.stop()
+        stop_all(started)
         client.close()
 
 

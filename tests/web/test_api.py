@@ -141,7 +141,10 @@ def test_metrics_count_sessions_by_state_from_the_indexes(api: httpx.Client, llm
     before = waiting()
     blocked(api, one_approval(llm_server))
     assert waiting() == before + 1
-    assert "agents_pending_calls " in api.get("/metrics").text
+    (deferred,) = [
+        x for x in api.get("/metrics").text.splitlines() if x.startswith('agents_pending_calls{disposition="defer"}')
+    ]
+    assert float(deferred.split()[-1]) >= 1
 
 
 def test_a_message_continues_a_completed_session(api: httpx.Client, llm_server: LlmServer) -> None:
@@ -239,3 +242,12 @@ def test_two_serve_processes_answer_alike_and_accept_each_others_forms(
         assert done.headers["location"] == f"/sessions/{sid}?done=approved"
         assert [e["type"] for e in read_events(other, sid, until="completed")][-1] == "completed"
         assert api.get(f"/v1/sessions/{sid}").json()["response"] == "both agree"
+
+
+def test_a_wait_that_runs_out_is_504_and_the_work_goes_on(api: httpx.Client, llm_server: LlmServer) -> None:
+    agent = one_approval(llm_server)
+    agent["model"] = f"openai/{llm_server.scenario([text('slow answer', delay=1.5)])}"
+    sid = started(api, agent)["session_id"]
+    timed_out = api.post(f"/v1/sessions/{sid}/step", params={"wait": "true", "timeout": 0.2})
+    assert error_of(timed_out, 504) == "wait_timeout"
+    assert read_events(api, sid, until="completed")[-1]["type"] == "completed"
