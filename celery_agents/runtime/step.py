@@ -14,14 +14,14 @@ import redis
 
 from celery_agents import observe
 from celery_agents.errors import RedisUnavailable, UntrustedSpec
-from celery_agents.model import ErrorInfo, ScriptOutcome, SessionHeader, State, StepOutcome, TrackedCall
+from celery_agents.model import ErrorInfo, ScriptOutcome, SessionHeader, State, StepOutcome, TrackedCall, UserQuery
 from celery_agents.runtime.lease import LeaseKeeper
 from celery_agents.runtime.ports import Fence, JournaledLlm, JournaledTools, RedisClock, SecureIds
 from celery_agents.scheduler import Ports, Snapshot, Transition, advance
 from celery_agents.scheduler.ports import Clock, Ids, LlmPort, ToolPort
 from celery_agents.store import LeaseLost, Store
 from celery_agents.store.commit import commit_record
-from celery_agents.store.records import Begun, Committed
+from celery_agents.store.records import Begun, Committed, Loaded
 
 log = logging.getLogger("celery_agents.step")
 
@@ -46,6 +46,8 @@ class StepResult:
     #: another step is owed at `version` (auto drive)
     owed: bool = False
     llm_reused: bool = False
+    #: the session is a child: its parent's id (a child that ends settles its parent's call)
+    parent: str | None = None
 
 
 def run_step(
@@ -64,21 +66,8 @@ def run_step(
     loaded = begun.loaded
     if loaded is None:
         return _refused(begun, version)
-    header = loaded.header
     try:
-        with LeaseKeeper(store, store.keys.lease(session_id), owner) as keeper:
-            agent = store.agent(header.agent_hash)
-            fence = Fence(owner, header.version, lambda: keeper.lost)
-            journaled_llm = JournaledLlm(store, loaded.journal, llm, fence)
-            ports = Ports(
-                llm=journaled_llm,
-                tools=JournaledTools(store, loaded.journal, tools, fence),
-                clock=clock or RedisClock(loaded.redis_now),
-                ids=ids or SecureIds(),
-            )
-            snap = Snapshot(header=header, agent=agent, turns=loaded.turns, calls=loaded.calls)
-            t = advance(snap, ports)
-            t.calls = observe.stamp_deferred(t.calls)
+        t, llm_reused = _decide(store, loaded, owner, llm, tools, clock, ids)
     except LeaseLost as exc:
         # Frozen or cut off long enough for another worker to take over: that worker owns the
         # step now; this one starts nothing more and leaves the session alone.
@@ -93,17 +82,53 @@ def run_step(
         # Infrastructure, not the session: leave it owed so that it is tried again.
         _safe_end(store, session_id, owner, request, "error", keep_owed=True)
         raise
-    except UntrustedSpec as exc:
+    except Exception as exc:
+        return _failed(store, loaded.header, owner, exc)
+    return _settle(store, loaded.header, owner, request, t, llm_reused)
+
+
+def _decide(
+    store: Store, loaded: Loaded, owner: str, llm: LlmPort, tools: ToolPort, clock: Clock | None, ids: Ids | None
+) -> tuple[Transition, bool]:
+    """The step's transition, decided under the session's lease with journaled ports; and whether
+    the model's answer was the journal's (a redelivered step)."""
+    header = loaded.header
+    with LeaseKeeper(store, store.keys.lease(header.session_id), owner) as keeper:
+        agent = store.agent(header.agent_hash)
+        fence = Fence(owner, header.version, lambda: keeper.lost)
+        journaled_llm = JournaledLlm(store, loaded.journal, llm, fence)
+        ports = Ports(
+            llm=journaled_llm,
+            tools=JournaledTools(store, loaded.journal, tools, fence),
+            clock=clock or RedisClock(loaded.redis_now),
+            ids=ids or SecureIds(),
+        )
+        inbox = _inbox_of_step(store, header.session_id, loaded, fence)
+        snap = Snapshot(header=header, agent=agent, turns=loaded.turns, calls=loaded.calls, inbox=inbox)
+        t = advance(snap, ports)
+        t.calls = observe.stamp_deferred(t.calls)
+        return t, journaled_llm.reused
+
+
+def _failed(store: Store, header: SessionHeader, owner: str, exc: Exception) -> StepResult:
+    """The step raised: the session fails with the error recorded (resumable once it is fixed)."""
+    session_id, version = header.session_id, header.version
+    if isinstance(exc, UntrustedSpec):
         # Not the session's fault to retry away: its spec was not stored by a holder of the key.
         log.warning("step of session %s refused: %s", session_id, exc.message)
-        store.fail_step(session_id, version, ErrorInfo(code=exc.code, message=exc.message), owner)
-        return StepResult(outcome="failed", version=version + 1, state=State.FAILED)
-    except Exception as exc:
-        log.exception("step of session %s at version %s failed", session_id, version)
-        store.fail_step(
-            session_id, version, ErrorInfo(code="internal_error", message=f"{type(exc).__name__}: {exc}"), owner
-        )
-        return StepResult(outcome="failed", version=version + 1, state=State.FAILED)
+        error = ErrorInfo(code=exc.code, message=exc.message)
+    else:
+        log.exception("step of session %s at version %s failed", session_id, version, exc_info=exc)
+        error = ErrorInfo(code="internal_error", message=f"{type(exc).__name__}: {exc}")
+    store.fail_step(session_id, version, error, owner)
+    return StepResult(outcome="failed", version=version + 1, state=State.FAILED, parent=header.parent)
+
+
+def _settle(
+    store: Store, header: SessionHeader, owner: str, request: str, t: Transition, llm_reused: bool
+) -> StepResult:
+    """Commit the transition (or end the step when there is nothing to write)."""
+    session_id, version = header.session_id, header.version
     if not t.commit:
         store.end_step(session_id, owner, request, t.kind)
         return StepResult(outcome="waiting" if t.kind == "wait" else "noop", version=version, state=t.state)
@@ -117,8 +142,21 @@ def run_step(
         state=t.state,
         dispatch=t.dispatch,
         owed=done.owed,
-        llm_reused=journaled_llm.reused,
+        llm_reused=llm_reused,
+        parent=header.parent,
     )
+
+
+def _inbox_of_step(store: Store, session_id: str, loaded: Loaded, fence: Fence) -> list[UserQuery]:
+    """The queued messages this step delivers: the ones it read, unless an earlier copy of the step
+    journaled fewer (its model call, reused now, saw only those; the later ones wait their turn)."""
+    if not loaded.inbox:
+        return []
+    field = f"inbox:{loaded.header.version}"
+    taken = loaded.journal.get(field)
+    if taken is None:
+        taken = store.journal_put(session_id, field, str(len(loaded.inbox)), fence.owner, fence.version)
+    return loaded.inbox[: int(taken)]
 
 
 def commit_transition(
