@@ -1,0 +1,51 @@
+"""A step's Redis commands: `begin_step` and `commit_step` must not grow with what a step adds.
+
+Counted with INFO commandstats on the real Redis (commands run inside the scripts included), around
+the begin and the commit of the step that dispatches the tool calls the model asked for (an
+agent running the tools inline): twenty calls cost one command more per extra call than one
+call (the call's event), not one per key the call touches.
+"""
+
+from __future__ import annotations
+
+from celery_agents.store import Store
+from tests.scheduler.fakes import ScriptedLlm, llm_turn
+from tests.store.scenario import commit, decide, start, step
+
+
+def _commands(store: Store) -> int:
+    stats = store.client.info("commandstats")
+    return sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info")
+
+
+def _step_commands(store: Store, n_calls: int) -> tuple[int, int]:
+    sid = start(store)
+    calls = [(f"call_{i:04d}", "sync_a", '{"city": "Paris"}') for i in range(n_calls)]
+    step(store, sid, ScriptedLlm(llm_turn(*calls, text="Checking.")))
+    before = _commands(store)
+    begun_step = store.begin_step(sid, 2, "w1", request="test")
+    begun = _commands(store)
+    loaded = begun_step.loaded
+    assert loaded is not None, begun_step
+    t = decide(store, loaded)
+    assert len(t.calls) == n_calls
+    done = commit(store, sid, loaded, t)
+    assert done.outcome == "ok", done
+    return begun - before, _commands(store) - begun
+
+
+def test_each_extra_tool_call_of_a_step_costs_one_command_its_event(store: Store) -> None:
+    _step_commands(store, 1)  # scripts loaded before counting
+    begin_one, commit_one = _step_commands(store, 1)
+    begin_twenty, commit_twenty = _step_commands(store, 20)
+    assert begin_twenty == begin_one
+    assert commit_twenty - commit_one <= 19
+
+
+def test_a_step_begins_and_commits_in_few_commands(store: Store) -> None:
+    _step_commands(store, 1)
+    begin_commands, commit_commands = _step_commands(store, 1)
+    # begin_step: EVALSHA, TIME, HGETALL, GET, SET, HSET, XADD, LRANGE (turns), HGETALL (journal), LRANGE (inbox)
+    assert begin_commands <= 10
+    # commit_step of a tools step with one call (15 today): see docs/performance.md
+    assert commit_commands <= 16
