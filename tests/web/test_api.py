@@ -3,13 +3,14 @@ the contract's error codes as statuses, Server-Sent Events with Last-Event-ID re
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.support.llm_server import LlmServer, text
+from tests.support.llm_server import LlmServer, calls, text
 from tests.support.serve import Serve
 from tests.web.conftest import LIMIT_BYTES, blocked, one_approval, read_events, serve_env, started
 
@@ -251,3 +252,34 @@ def test_a_wait_that_runs_out_is_504_and_the_work_goes_on(api: httpx.Client, llm
     timed_out = api.post(f"/v1/sessions/{sid}/step", params={"wait": "true", "timeout": 0.2})
     assert error_of(timed_out, 504) == "wait_timeout"
     assert read_events(api, sid, until="completed")[-1]["type"] == "completed"
+
+
+def test_a_childs_deferred_call_is_approved_on_the_page_and_its_parent_finishes(
+    api: httpx.Client, llm_server: LlmServer, tmp_path: Path
+) -> None:
+    from celery_agents.model import SessionView
+
+    if "children" not in SessionView.model_fields:
+        pytest.skip("sub-agents are not in this tree yet")
+    helper = one_approval(llm_server, answer="Paris", slug="helper")
+    (tmp_path / "helper.json").write_text(json.dumps(helper))
+    boss_model = llm_server.scenario(
+        [calls(("prompt_agent_helper", {"prompt": "the capital of France?"})), text("The helper said Paris")]
+    )
+    boss = {"slug": "boss", "model": f"openai/{boss_model}", "apiBase": llm_server.url, "subAgents": ["helper.json"]}
+    parent = blocked(api, {**boss, "baseDir": str(tmp_path)}, "ask the helper")
+    (child,) = parent["children"]
+    (call,) = [p for p in api.get(f"/v1/sessions/{parent['session_id']}/pending").json()["pending"] if p["token"]]
+    assert (call["session_id"], call["tool"]) == (child, "approve")
+
+    page = api.get(f"/sessions/{parent['session_id']}", headers={"Accept": "text/html"}).text
+    assert f'href="/sessions/{child}"' in page, "the parent's page links its child"
+    child_page = api.get(f"/sessions/{child}", headers={"Accept": "text/html"}).text
+    assert f'href="/sessions/{parent["session_id"]}"' in child_page, "and the child's page its parent"
+    csrf = re.search(r'name="csrf" value="([^"]+)"', child_page)
+    assert csrf
+    form = {"csrf": csrf.group(1), "token": call["token"], "result": "", "back": f"/sessions/{child}"}
+    assert api.post("/approve", data=form).headers["location"] == f"/sessions/{child}?done=approved"
+
+    read_events(api, parent["session_id"], until="completed")
+    assert api.get(f"/v1/sessions/{parent['session_id']}").json()["response"] == "The helper said Paris"
