@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from celery_agents.config import Settings
 from celery_agents.drivers import CeleryDriver, EventHook, InlineDriver, LocalRunners, Publisher, StepDriver
-from celery_agents.errors import InvalidInput, SessionNotAdvanceable
+from celery_agents.errors import InvalidInput, SessionNotAdvanceable, UnknownSession
 from celery_agents.model import (
     FINAL_EVENTS,
     AgentSpec,
@@ -130,7 +130,7 @@ class Client:
 
     def _views(self, headers: list[SessionHeader]) -> list[SessionView]:
         views = []
-        for h, (pending, leased) in zip(headers, self.store.live_state(headers), strict=True):
+        for h, (pending, leased, children) in zip(headers, self.store.live_state(headers), strict=True):
             running = h.status == Status.ACTIVE and leased
             views.append(
                 SessionView(
@@ -148,6 +148,8 @@ class Client:
                     usage=h.usage,
                     created_at=h.created_at,
                     updated_at=h.updated_at,
+                    parent=h.parent,
+                    children=children,
                 )
             )
         return views
@@ -170,9 +172,14 @@ class Client:
 
     # `list` below is the method above: `builtins.list` is the type.
     def pending(self, session_id: str | None = None, limit: int = 1000) -> builtins.list[PendingCall]:
+        """Unfinished calls of every session, or of one session and its child sessions (theirs
+        name the child's session id)."""
         session_id = None if session_id is None else self.resolve(session_id)
         self.catch_up()
-        return self.store.pending_view(session_id, limit=limit)
+        if session_id is None:
+            return self.store.pending_view(None, limit=limit)
+        tree = self.store.tree(session_id)
+        return [p for sid in tree for p in self.store.pending_view(sid, limit=limit)][:limit]
 
     def events(self, session_id: str, *, follow: bool = False, after: str = "0-0") -> Iterator[dict[str, Any]]:
         store = self.store
@@ -236,6 +243,32 @@ class Client:
         self.driver.step(session_id, version, after=after, wait=wait, timeout=timeout, on_event=on_event)
         return self.view(session_id)
 
+    def send(
+        self,
+        session_id: str,
+        prompt: str | UserQuery,
+        step: bool = False,
+        run: bool = False,
+        *,
+        wait: bool = True,
+        timeout: float | None = None,
+        on_event: EventHook | None = None,
+    ) -> SessionView:
+        """Send a user message: it continues a completed conversation (the session becomes ready),
+        or waits for a waiting or running session's next model call, after the pending tool
+        results. `step` then runs one step, `run` drives the session. A cancelled one refuses."""
+        if step and run:
+            raise InvalidInput("choose --step or --run, not both")
+        session_id = self.resolve(session_id)
+        query = prompt if isinstance(prompt, UserQuery) else UserQuery(text=prompt)
+        check_prompt(query, self.settings.max_prompt_bytes)
+        self.store.send_message(session_id, query)
+        if run:
+            return self.resume(session_id, wait=wait, timeout=timeout, on_event=on_event)
+        if step:
+            return self.step(session_id, wait=wait, timeout=timeout, on_event=on_event)
+        return self.view(session_id)
+
     def resume(
         self, session_id: str, *, wait: bool = True, timeout: float | None = None, on_event: EventHook | None = None
     ) -> SessionView:
@@ -255,16 +288,29 @@ class Client:
         return self.view(session_id)
 
     def cancel(self, session_id: str) -> SessionView:
-        """Stop the session for good: unfinished calls cancelled, tokens dead."""
+        """Stop the session for good: unfinished calls cancelled, tokens dead; its child sessions
+        (and theirs) are cancelled too, and the parent of a cancelled child learns that its call
+        failed."""
+        from celery_agents.runtime.subagents import settle_parent
+
         session_id = self.resolve(session_id)
-        self.store.cancel(session_id)
+        store = self.store
+        store.cancel(session_id)
+        for child in store.tree(session_id)[1:]:
+            with contextlib.suppress(SessionNotAdvanceable, UnknownSession):  # ended, or not made yet
+                store.cancel(child)
+        header = store.header(session_id)
+        finished = settle_parent(store, header)
+        if finished is not None and finished.woken and header.parent:
+            self.driver.wake(header.parent, finished.version)
         return self.view(session_id)
 
     def complete(self, token: str, result: Any, *, error: bool = False, by: str | None = None) -> CompletionOutcome:
         """Complete a deferred call with its result (or, with `error`, its error text)."""
         from celery_agents.runtime.completions import complete
 
-        return complete(self.store, token, result, is_error=error, by=by, wake=self.driver.wake)
+        driver = self.driver
+        return complete(self.store, token, result, is_error=error, by=by, wake=driver.wake, dispatch=driver.dispatched)
 
     def catch_up(self) -> None:
         """Apply what only workers apply otherwise: due deadlines and, when no worker runs, the

@@ -122,6 +122,10 @@ class Settings:
     max_prompt_bytes: Positive = field(
         default=ONE_MIB, metadata=env("AGENTS_MAX_PROMPT_BYTES", "a larger prompt is refused (bytes of its text)")
     )
+    max_queued_messages: Positive = field(
+        default=100,
+        metadata=env("AGENTS_MAX_QUEUED_MESSAGES", "user messages that may wait for a session's next model call"),
+    )
     media_max_bytes: int = field(
         default=20 * ONE_MIB, metadata=env("AGENTS_MEDIA_MAX_BYTES", "a larger --media attachment is refused (bytes)")
     )

@@ -242,7 +242,7 @@ def _advance(
         progress.session_id = session_id
         try:
             with progress:
-                view = action(client, (spec, query) if spec is not None else session_id, progress)
+                view = action(client, _subject(spec, query, session_id), progress)
         except KeyboardInterrupt:
             _interrupted(client, progress.session_id)
         if thinking != Thinking.none or answer_to_stdout:
@@ -251,6 +251,13 @@ def _advance(
         if answer_to_stdout and not as_json:
             _summarise_failed_calls(view)
         _exit_if_ended_badly(view)
+
+
+def _subject(spec: Any, query: Any, session_id: str | None) -> Any:
+    """What an advancing command acts on: (agent, prompt), (session, message) or a session."""
+    if spec is not None:
+        return (spec, query)
+    return (session_id, query) if query is not None else session_id
 
 
 def _interrupted(client: Any, session_id: str | None) -> NoReturn:
@@ -344,6 +351,37 @@ def session_start(
             *spec_query, step=step, run=run_, wait=wait, timeout=timeout, on_event=progress, on_created=progress.created
         ),
         agent_file=agent_file,
+        prompt=(prompt, file, media),
+        warn=step or run_,
+    )
+
+
+@session_app.command("send")
+def session_send(
+    session_id: SessionArg,
+    prompt: PromptOpt = None,
+    file: FileOpt = None,
+    media: MediaOpt = None,
+    step: Annotated[bool, typer.Option("--step", help="Also run one step.")] = False,
+    run_: Annotated[bool, typer.Option("--run", help="Drive it until it completes or waits outside.")] = False,
+    thinking: ThinkingOpt = Thinking.none,
+    as_json: JsonOpt = False,
+    wait: WaitOpt = True,
+    timeout: TimeoutOpt = None,
+    inline: InlineOpt = False,
+) -> None:
+    """Send a follow-up message: continue a completed session, or queue it for a waiting or running
+    one (delivered after the pending tool results, before the next model call)."""
+    if step and run_:
+        _fail(InvalidInput("choose --step or --run, not both"), as_json)
+    _advance(
+        as_json,
+        inline,
+        thinking,
+        lambda client, sid_query, progress: client.send(
+            *sid_query, step=step, run=run_, wait=wait, timeout=timeout, on_event=progress
+        ),
+        session_id=session_id,
         prompt=(prompt, file, media),
         warn=step or run_,
     )

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from celery_agents.config import Settings
+from celery_agents.model import TrackedCall
 from celery_agents.store import Finished, Store
 
 if TYPE_CHECKING:
@@ -50,6 +51,9 @@ class StepDriver(Protocol):
 
     def calls_ran(self, session_id: str, finished: list[Finished]) -> None:
         """This process ran some of the session's dispatched calls (`run-isolated`)."""
+
+    def dispatched(self, session_id: str, call: TrackedCall) -> None:
+        """A call became dispatched outside a step (a delegation a person approved): run it."""
 
     def catch_up(self) -> None:
         """Apply what only workers apply otherwise (the completions stream, when no worker runs)."""

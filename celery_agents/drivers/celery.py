@@ -11,7 +11,7 @@ from typing import Any
 
 from celery_agents.drivers.base import EventHook, Publisher, replay
 from celery_agents.errors import WaitTimeout
-from celery_agents.model import EventType, Status
+from celery_agents.model import CallState, EventType, Status, TrackedCall
 from celery_agents.store import Finished, Store
 
 Done = Callable[[dict[str, Any] | None], bool]
@@ -77,6 +77,9 @@ class CeleryDriver:
             if f.woken:
                 self.wake(session_id, f.version)
 
+    def dispatched(self, session_id: str, call: TrackedCall) -> None:
+        self.publisher.dispatcher.call(session_id, call)
+
     def catch_up(self) -> None:
         """Workers apply the completions stream."""
 
@@ -133,7 +136,12 @@ def settled(store: Store, session_id: str, event: dict[str, Any] | None) -> bool
         # Its last call finished after the header was read: the session has moved on (in auto
         # drive a step follows), so look again at the next event or tick.
         return False
-    return all(c.disposition == "defer" for c in pending)
+    if any(c.meta.get("child") for c in pending):
+        # Waiting on child sessions: settled when only people's work is left in the tree (a call
+        # waiting on a child stands for what the child waits on).
+        pending = [c for sid in store.tree(session_id) for c in store.pending_calls(sid)]
+        pending = [c for c in pending if c.state == CallState.DEFERRED or not c.meta.get("child")]
+    return bool(pending) and all(c.state == CallState.DEFERRED for c in pending)
 
 
 def step_done(event: dict[str, Any] | None, version: int, request: str) -> bool:

@@ -35,6 +35,7 @@ from celery_agents.model.session import (
     SessionView,
     State,
     Status,
+    child_session_id,
 )
 from celery_agents.model.turns import (
     LlmTurn,
@@ -102,6 +103,7 @@ __all__ = [
     "arguments_not_an_object",
     "build_schemas",
     "call_field",
+    "child_session_id",
     "load_agent_file",
     "parse_agent",
 ]

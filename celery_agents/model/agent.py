@@ -348,6 +348,13 @@ class AgentSpec(_Spec):
     fallback_models: list[FallbackModel] = Field(default_factory=list, alias="fallbackModels")
     #: MCP tool servers; their tools are listed into `tools` when the file is loaded
     mcp_servers: list[McpServer] = Field(default_factory=list, alias="mcpServers")
+    #: what the agent is for, told to a parent agent's model (its `prompt_agent_<slug>` tool)
+    description: str | None = None
+    #: agents this one may delegate to, each a child session (`subAgents`; `extraAgents` too):
+    #: paths in the file, the loaded agents once loaded
+    sub_agents: list[AgentSpec] | None = Field(default=None, alias="subAgents")
+    #: how deep sub-agents may nest below this agent (default 4), checked when the file is loaded
+    max_depth: int | None = Field(default=None, alias="maxDepth", ge=0, le=64)
     #: fields of an agents-exe file that were accepted and not used (for a warning)
     _ignored: tuple[str, ...] = PrivateAttr(default=())
 
@@ -364,6 +371,17 @@ class AgentSpec(_Spec):
                 raise ValueError("give toolCallPolicy or toolCallPolicyConfig, not both")
             value = dict(value)
             value["toolCallPolicy"] = value.pop("toolCallPolicyConfig")
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sub_agents_alias(cls, value: Any) -> Any:
+        if isinstance(value, dict) and "extraAgents" in value:
+            value = dict(value)
+            extra = value.pop("extraAgents")
+            if value.get("subAgents") and extra:
+                raise ValueError("give subAgents or extraAgents, not both")
+            value["subAgents"] = value.get("subAgents") or extra
         return value
 
     @model_validator(mode="before")
@@ -407,7 +425,9 @@ class AgentSpec(_Spec):
 
     @model_validator(mode="after")
     def _check_tools(self) -> AgentSpec:
-        names = [t.name for t in self.tools]
+        names = [t.name for t in self.tools] + list(self.sub_agent_tools)
+        if len(self.sub_agent_tools) < len(self.sub_agents or []):
+            raise ValueError("subAgents: two sub-agents have the same slug; each needs its own")
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"tool names must be unique; repeated: {', '.join(dupes)}")
@@ -444,6 +464,29 @@ class AgentSpec(_Spec):
     def mcp_server(self, name: str) -> McpServer | None:
         return next((s for s in self.mcp_servers if s.name == name), None)
 
+    @property
+    def sub_agent_tools(self) -> dict[str, AgentSpec]:
+        """The sub-agents by the name of the tool the model calls them with."""
+        return {sub_agent_tool_name(a.slug): a for a in self.sub_agents or []}
+
+    def sub_agent(self, tool_name: str) -> AgentSpec | None:
+        return self.sub_agent_tools.get(tool_name) if self.sub_agents else None
+
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """Every tool offered to the model (OpenAI shape): the declared tools, then one per sub-agent."""
+        schemas = [t.openai_schema() for t in self.tools]
+        for name, sub in self.sub_agent_tools.items():
+            about = sub.description or f"Ask the agent {sub.slug!r} to do a task; its final answer is the result."
+            schemas.append(
+                {"type": "function", "function": {"name": name, "description": about, "parameters": _PROMPT}}
+            )
+        return schemas
+
+    @property
+    def depth(self) -> int:
+        """How many levels of sub-agents nest below this agent."""
+        return 1 + max((a.depth for a in self.sub_agents), default=-1) if self.sub_agents else 0
+
     def tool(self, name: str) -> ToolSpec | None:
         for t in self.tools:
             if t.name == name:
@@ -452,7 +495,7 @@ class AgentSpec(_Spec):
 
     def no_tool_named(self, name: str) -> str:
         """What the model is told when it calls a tool this agent does not have."""
-        names = ", ".join(t.name for t in self.tools) or "none"
+        names = ", ".join([t.name for t in self.tools] + list(self.sub_agent_tools)) or "none"
         return f"there is no tool named {name!r}; the tools are: {names}"
 
     def to_json(self) -> str:
@@ -469,10 +512,30 @@ class AgentSpec(_Spec):
         return cls.model_validate_json(raw)
 
 
+_PROMPT: dict[str, Any] = {
+    "type": "object",
+    "properties": {"prompt": {"type": "string", "description": "the task, as a prompt for the agent"}},
+    "required": ["prompt"],
+}
+#: a sub-agent's nesting limit unless its top agent's file sets `maxDepth`
+DEFAULT_MAX_DEPTH = 4
+
+
+def sub_agent_tool_name(slug: str) -> str:
+    """`prompt_agent_<slug>`, in the characters a tool name may hold."""
+    return "prompt_agent_" + re.sub(r"[^A-Za-z0-9_-]", "_", slug)[:51]
+
+
 def agent_json_schema() -> dict[str, Any]:
     """The agent file's JSON Schema (field names as written in the file)."""
     schema = AgentSpec.model_json_schema(by_alias=True)
     defs = schema.get("$defs", {})
+    if "$ref" in schema:  # the agent nests (subAgents): its schema is a definition, referred to
+        schema = {**defs[schema["$ref"].rsplit("/", 1)[-1]], "$defs": defs}
+    if "subAgents" in schema.get("properties", {}):
+        # In a file, a sub-agent is the path of its agent file (or an agent object).
+        item = {"anyOf": [{"type": "string"}, {"$ref": "#/$defs/AgentSpec"}]}
+        schema["properties"]["subAgents"] = {"type": "array", "items": item, "title": "Subagents"}
     # Dispositions and fallback models may also be written as a bare string.
     if "Disposition" in defs:
         defs["Disposition"] = {"anyOf": [{"type": "string", "enum": list(DISPOSITION_TAGS)}, defs["Disposition"]]}
@@ -538,20 +601,9 @@ def describe_validation_error(source: str, exc: ValidationError) -> str:
 # -- fields: known, unknown, and agents-exe's we do not use ------------------------------------
 #: Names a model accepts besides its fields and aliases (folded in by its "before" validators).
 _ALSO_ACCEPTED: dict[str, frozenset[str]] = {
-    # toolCallPolicyConfig, toolDirectory and bashToolboxes: the agents-exe spellings.
-    # subAgents/extraAgents, maxDepth, description: sub-agent fields of this release, known here so
-    # that no file using them is refused where they are not implemented yet.
-    "AgentSpec": frozenset(
-        {
-            "toolCallPolicyConfig",
-            "toolDirectory",
-            "bashToolboxes",
-            "subAgents",
-            "extraAgents",
-            "maxDepth",
-            "description",
-        }
-    ),
+    # toolCallPolicyConfig, toolDirectory and bashToolboxes: the agents-exe spellings; extraAgents
+    # the agents-exe name of subAgents.
+    "AgentSpec": frozenset({"toolCallPolicyConfig", "toolDirectory", "bashToolboxes", "extraAgents"}),
 }
 
 #: Fields of agents-exe agent files that celery-agents does not use: accepted with a warning.
@@ -643,7 +695,9 @@ def _check_fields(model: type[BaseModel], data: Any, where: str, unknown: list[s
             unknown.append(f"{path}: unknown field ({hint})")
 
 
-def parse_agent(data: Any, source: str = "<agent>", base_dir: str | None = None) -> AgentSpec:
+def parse_agent(
+    data: Any, source: str = "<agent>", base_dir: str | None = None, _chain: tuple[str, ...] = ()
+) -> AgentSpec:
     """Validate an agent given as a JSON value; raises `InvalidAgentFile`. A field the file
     format does not know is refused with the closest known name; a field of agents-exe files
     that celery-agents does not use is accepted and listed in `ignored_fields`."""
@@ -667,16 +721,63 @@ def parse_agent(data: Any, source: str = "<agent>", base_dir: str | None = None)
         from celery_agents.tools.mcp.listing import with_mcp_tools
 
         data = with_mcp_tools(data, source)
+    if data.get("subAgents") or data.get("extraAgents"):
+        data = _with_sub_agents(data, source, _chain)
     try:
         spec = AgentSpec.model_validate(data, context={"base_dir": data.get("baseDir")})
         spec._ignored = tuple(ignored)
-        return spec
     except ValidationError as exc:
         message = describe_validation_error(source, exc)
         if "toolCallPolicyConfig" in data:
             # The file spells the policy the agents-exe way: name its fields as the file does.
             message = re.sub(r"\btoolCallPolicy(?=[.\[:])", "toolCallPolicyConfig", message)
         raise InvalidAgentFile(message, file=source) from None
+    if not _chain:
+        _check_nesting(spec, source)
+    return spec
+
+
+def _check_nesting(spec: AgentSpec, source: str) -> None:
+    """A tree of sub-agents deeper than the top agent's `maxDepth` is refused."""
+    limit = DEFAULT_MAX_DEPTH if spec.max_depth is None else spec.max_depth
+    if spec.depth > limit:
+        raise InvalidAgentFile(
+            f"{source}: subAgents: sub-agents nest {spec.depth} levels deep, more than maxDepth ({limit}); "
+            "flatten the tree or raise maxDepth",
+            file=source,
+        )
+
+
+def _with_sub_agents(data: dict[str, Any], source: str, chain: tuple[str, ...]) -> dict[str, Any]:
+    """`data` with each sub-agent (a path relative to the file, or an agent object) loaded and
+    validated in place. An agent that is its own ancestor (by file or slug) is refused."""
+    key = "subAgents" if data.get("subAgents") else "extraAgents"
+    entries = data.get(key)
+    if not isinstance(entries, list):
+        raise InvalidAgentFile(f'{source}: {key}: a list of agent file paths (write "{key}": ["helper.json"])')
+    here = (*chain, str(data.get("slug")))
+    loaded: list[dict[str, Any]] = []
+    for i, entry in enumerate(entries):
+        where = f"{source}: {key}[{i}]"
+        if isinstance(entry, str):
+            if not data.get("baseDir"):
+                raise InvalidAgentFile(
+                    f"{where}: a path needs an agent file to be relative to; give the sub-agent as an agent object"
+                )
+            path = Path(data["baseDir"]) / entry
+            marker = f"file:{path.resolve()}"
+            if marker in here:
+                raise InvalidAgentFile(f"{where}: {entry} is an agent that (transitively) delegates to itself")
+            sub = load_agent_file(path, _chain=(*here, marker))
+        elif isinstance(entry, dict):
+            sub = parse_agent(entry, where, base_dir=data.get("baseDir"), _chain=here)
+        else:
+            raise InvalidAgentFile(f"{where}: give the path of an agent file")
+        if sub.slug in here:
+            raise InvalidAgentFile(f"{where}: agent {sub.slug!r} (transitively) delegates to itself")
+        loaded.append(sub.model_dump(mode="json", by_alias=True, exclude_none=True))
+    rest = {k: v for k, v in data.items() if k not in ("subAgents", "extraAgents")}
+    return {**rest, "subAgents": loaded}
 
 
 def _with_toolbox_tools(data: dict[str, Any], source: str) -> dict[str, Any]:
@@ -709,7 +810,7 @@ def arguments_not_an_object(tool: str) -> str:
     return f"the arguments of {tool} must be a JSON object"
 
 
-def load_agent_file(path: str | Path) -> AgentSpec:
+def load_agent_file(path: str | Path, _chain: tuple[str, ...] = ()) -> AgentSpec:
     """Read and validate an agent file; raises `InvalidAgentFile` naming the file, field and fix."""
     p = Path(path)
     try:
@@ -727,4 +828,7 @@ def load_agent_file(path: str | Path) -> AgentSpec:
         ) from None
     except UnusableJson as exc:
         raise InvalidAgentFile(f"{p}: (top level): not a usable agent file: {exc}", file=str(p)) from None
-    return parse_agent(data, str(p), base_dir=str(p.resolve().parent))
+    spec = parse_agent(data, str(p), base_dir=str(p.resolve().parent), _chain=_chain or (f"file:{p.resolve()}",))
+    if not _chain:
+        _check_nesting(spec, str(p))
+    return spec

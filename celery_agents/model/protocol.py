@@ -31,6 +31,11 @@ class EventType(StrEnum):
     PAUSED = "paused"
     RESUMED = "resumed"
     CANCELLED = "cancelled"
+    #: a user message was queued (`session send`); `continued`: it reopened a completed session
+    MESSAGE_QUEUED = "message_queued"
+    CONTINUED = "continued"
+    #: a person approved a deferred sub-agent call: it now starts its child session
+    DELEGATION_APPROVED = "delegation_approved"
 
 
 #: events after which a session has stopped for good
@@ -54,6 +59,8 @@ ScriptOutcome = Literal[
     "active",
     "changed",
     "busy",
+    # send_message: as many messages wait as may
+    "full",
     # the sweeper's verdicts (sweep_*.lua); all but `republish` change nothing
     "settled",
     "running",
@@ -65,6 +72,8 @@ ScriptOutcome = Literal[
     "expired_now",
     # journal_put: the step's lease is another's, or the session moved past its version
     "lost",
+    # complete_token: the completion approved a deferred sub-agent call, which now starts its child
+    "approved",
 ]
 SCRIPT_OUTCOMES: frozenset[str] = frozenset(get_args(ScriptOutcome))
 #: the outcomes a script's `once` does not keep for retries (`_lib.lua` REFUSALS)
@@ -83,6 +92,7 @@ REFUSALS: frozenset[str] = frozenset(
         "cancelled",
         "active",
         "changed",
+        "full",
         "busy",
         "settled",
         "running",

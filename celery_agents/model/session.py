@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -42,6 +43,12 @@ STEP_OWING_STATES = frozenset({State.READY, State.TOOLS})
 Drive = Literal["manual", "auto"]
 
 
+def child_session_id(parent_id: str, call_field: str) -> str:
+    """The id of the child session a sub-agent call starts: derived from the call, so that every
+    attempt to start it (a redelivered message, a worker after a crash) names the same session."""
+    return hashlib.sha256(f"child:{parent_id}:{call_field}".encode()).hexdigest()[:32]
+
+
 class ErrorInfo(BaseModel):
     code: str
     message: str
@@ -73,6 +80,9 @@ class SessionHeader(BaseModel):
     usage: Usage = Field(default_factory=Usage)
     error: ErrorInfo | None = None
     response: str | None = None
+    #: the session whose sub-agent call started this one, and that call's field there
+    parent: str | None = None
+    parent_call: str | None = None
 
 
 class PendingCall(BaseModel):
@@ -110,6 +120,10 @@ class SessionView(BaseModel):
     updated_at: float = 0.0
     turns: list[dict[str, Any]] | None = None
     calls: list[dict[str, Any]] | None = None
+    #: the session whose sub-agent call started this one (None for a top session)
+    parent: str | None = None
+    #: the child sessions this one's sub-agent calls started
+    children: list[str] = Field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         data = self.model_dump(mode="json")
@@ -128,3 +142,6 @@ class CompletionOutcome(BaseModel):
     accepted: bool = True
     remaining: int
     woken: bool
+    #: set when the completion approved a deferred sub-agent call: the call's field, now to be
+    #: published so that it starts its child session (internal: not part of the printed document)
+    delegated: str | None = Field(default=None, exclude=True)

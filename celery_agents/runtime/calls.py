@@ -12,6 +12,7 @@ from celery_agents import observe
 from celery_agents.errors import UntrustedSpec
 from celery_agents.model import CallState, TrackedCall
 from celery_agents.runtime.lease import LeaseKeeper
+from celery_agents.runtime.subagents import run_child_call
 from celery_agents.scheduler.ports import CallOutcome, ToolPort
 from celery_agents.store import Finished, Store, outcome_json
 from celery_agents.tools.cancel import cancellable
@@ -20,11 +21,14 @@ from celery_agents.tools.output import bound_outcome
 
 @dataclass
 class CallRun:
-    """What running a dispatched call did: `status` ok, already (final before), busy, unknown, missing."""
+    """What running a dispatched call did: `status` ok, already (final before), busy, unknown, missing;
+    for a sub-agent call also started (its child was made now) or running (its child goes on)."""
 
     status: str
     finished: Finished | None = None
     call: TrackedCall | None = None
+    #: a sub-agent call started its child session: publish the child's first step at this version
+    child: tuple[str, int] | None = None
 
 
 def run_call(store: Store, session_id: str, field: str, tools: ToolPort, owner: str) -> CallRun:
@@ -46,6 +50,10 @@ def run_call(store: Store, session_id: str, field: str, tools: ToolPort, owner: 
             event = {"call_id": call.call_id, "tool": call.tool, "state": CallState.FAILED.value}
             finished = store.record_result(session_id, field, body, event)
             return CallRun(status=finished.status, finished=finished, call=call)
+        if call.meta.get("child"):
+            ran = run_child_call(store, session_id, call, agent)
+            status = "started" if ran.started else ran.finished.status if ran.finished else "running"
+            return CallRun(status, ran.finished, call, (ran.child, ran.version) if ran.started else None)
         started = time.time()
 
         def still_wanted() -> bool:

@@ -21,7 +21,7 @@ import redis
 
 from celery_agents import observe
 from celery_agents.errors import AgentsError, InvalidEntry, InvalidResult, TokenExpired
-from celery_agents.model import CompletionOutcome
+from celery_agents.model import CompletionOutcome, TrackedCall
 from celery_agents.model.limits import UnusableJson, check_depth, load_json
 from celery_agents.runtime.faults import checkpoint
 from celery_agents.store import COMPLETIONS_GROUP, Store, completion_json
@@ -30,6 +30,8 @@ log = logging.getLogger("celery_agents.completions")
 
 GROUP = COMPLETIONS_GROUP
 Wake = Callable[[str, int], None]
+#: publishes a dispatched call (session id, call): an approved delegation starts its child so
+Dispatch = Callable[[str, TrackedCall], None]
 
 
 def parse_result_text(raw: str, max_bytes: int) -> Any:
@@ -73,10 +75,12 @@ def complete(
     is_error: bool = False,
     by: str | None = None,
     wake: Wake | None = None,
+    dispatch: Dispatch | None = None,
     now: float | None = None,
 ) -> CompletionOutcome:
     """Complete a deferred call; wakes the session through `wake(session_id, version)` when its last
-    unfinished call is done and it is auto-driven. Raises the token's conflict otherwise."""
+    unfinished call is done and it is auto-driven. Approving a deferred sub-agent call publishes it
+    through `dispatch` instead (it starts the child session). Raises the token's conflict otherwise."""
     check_result(result, store.settings.max_result_bytes)
     # The deadline is checked against Redis's clock (unless a test gives `now`), not this host's.
     outcome = completion_json(result, is_error=is_error, by=by, now=time.time() if now is None else now)
@@ -92,6 +96,8 @@ def complete(
         watch.outcome = "failed" if is_error else "completed"
         if done.woken and wake is not None:
             wake(done.session_id, version)
+        if done.delegated is not None and dispatch is not None:
+            dispatch(done.session_id, store.call(done.session_id, done.delegated))
     return done
 
 
@@ -104,8 +110,10 @@ class CompletionConsumer:
     consumer that died), oldest first, and only then reads new ones: entries apply in stream order
     across a takeover, so of two completions of one token the first written wins."""
 
-    def __init__(self, store: Store, name: str, wake: Wake | None = None, batch: int = 100) -> None:
-        self.store, self.name, self.wake = store, name, wake
+    def __init__(
+        self, store: Store, name: str, wake: Wake | None = None, batch: int = 100, dispatch: Dispatch | None = None
+    ) -> None:
+        self.store, self.name, self.wake, self.dispatch = store, name, wake, dispatch
         self.batch = batch
         self.stream = store.completion_stream()
         self._taken_over = False
@@ -139,7 +147,9 @@ class CompletionConsumer:
             fields = decode_entry(raw_fields)
             token, by = (fields.get("token") or "").strip(), fields.get("by") or ""
             result, is_error = _result(fields, store.settings.max_result_bytes), bool(fields.get("error"))
-            done = complete(store, token, result, is_error=is_error, by=by or None, wake=self.wake)
+            done = complete(
+                store, token, result, is_error=is_error, by=by or None, wake=self.wake, dispatch=self.dispatch
+            )
             observe.completion("applied")
         except AgentsError as exc:
             self._reject(entry_id, token, by, exc.code, exc.message)

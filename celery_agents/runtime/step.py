@@ -14,14 +14,14 @@ import redis
 
 from celery_agents import observe
 from celery_agents.errors import RedisUnavailable, UntrustedSpec
-from celery_agents.model import ErrorInfo, ScriptOutcome, SessionHeader, State, StepOutcome, TrackedCall
+from celery_agents.model import ErrorInfo, ScriptOutcome, SessionHeader, State, StepOutcome, TrackedCall, UserQuery
 from celery_agents.runtime.lease import LeaseKeeper
 from celery_agents.runtime.ports import Fence, JournaledLlm, JournaledTools, RedisClock, SecureIds
 from celery_agents.scheduler import Ports, Snapshot, Transition, advance
 from celery_agents.scheduler.ports import Clock, Ids, LlmPort, ToolPort
-from celery_agents.store import LeaseLost, Loaded, Store
+from celery_agents.store import LeaseLost, Store
 from celery_agents.store.commit import commit_record
-from celery_agents.store.records import Begun, Committed
+from celery_agents.store.records import Begun, Committed, Loaded
 
 log = logging.getLogger("celery_agents.step")
 
@@ -46,6 +46,8 @@ class StepResult:
     #: another step is owed at `version` (auto drive)
     owed: bool = False
     llm_reused: bool = False
+    #: the session is a child: its parent's id (a child that ends settles its parent's call)
+    parent: str | None = None
 
 
 def run_step(
@@ -81,7 +83,7 @@ def run_step(
         _safe_end(store, session_id, owner, request, "error", keep_owed=True)
         raise
     except Exception as exc:
-        return _failed(store, session_id, version, owner, exc)
+        return _failed(store, loaded.header, owner, exc)
     return _settle(store, loaded.header, owner, request, t, llm_reused)
 
 
@@ -101,14 +103,16 @@ def _decide(
             clock=clock or RedisClock(loaded.redis_now),
             ids=ids or SecureIds(),
         )
-        snap = Snapshot(header=header, agent=agent, turns=loaded.turns, calls=loaded.calls)
+        inbox = _inbox_of_step(store, header.session_id, loaded, fence)
+        snap = Snapshot(header=header, agent=agent, turns=loaded.turns, calls=loaded.calls, inbox=inbox)
         t = advance(snap, ports)
         t.calls = observe.stamp_deferred(t.calls)
         return t, journaled_llm.reused
 
 
-def _failed(store: Store, session_id: str, version: int, owner: str, exc: Exception) -> StepResult:
+def _failed(store: Store, header: SessionHeader, owner: str, exc: Exception) -> StepResult:
     """The step raised: the session fails with the error recorded (resumable once it is fixed)."""
+    session_id, version = header.session_id, header.version
     if isinstance(exc, UntrustedSpec):
         # Not the session's fault to retry away: its spec was not stored by a holder of the key.
         log.warning("step of session %s refused: %s", session_id, exc.message)
@@ -117,7 +121,7 @@ def _failed(store: Store, session_id: str, version: int, owner: str, exc: Except
         log.exception("step of session %s at version %s failed", session_id, version, exc_info=exc)
         error = ErrorInfo(code="internal_error", message=f"{type(exc).__name__}: {exc}")
     store.fail_step(session_id, version, error, owner)
-    return StepResult(outcome="failed", version=version + 1, state=State.FAILED)
+    return StepResult(outcome="failed", version=version + 1, state=State.FAILED, parent=header.parent)
 
 
 def _settle(
@@ -139,7 +143,20 @@ def _settle(
         dispatch=t.dispatch,
         owed=done.owed,
         llm_reused=llm_reused,
+        parent=header.parent,
     )
+
+
+def _inbox_of_step(store: Store, session_id: str, loaded: Loaded, fence: Fence) -> list[UserQuery]:
+    """The queued messages this step delivers: the ones it read, unless an earlier copy of the step
+    journaled fewer (its model call, reused now, saw only those; the later ones wait their turn)."""
+    if not loaded.inbox:
+        return []
+    field = f"inbox:{loaded.header.version}"
+    taken = loaded.journal.get(field)
+    if taken is None:
+        taken = store.journal_put(session_id, field, str(len(loaded.inbox)), fence.owner, fence.version)
+    return loaded.inbox[: int(taken)]
 
 
 def commit_transition(

@@ -32,8 +32,10 @@ from celery_agents.model import (
     ToolResponse,
     TrackedCall,
     Usage,
+    UserQuery,
     UserTurn,
     arguments_not_an_object,
+    child_session_id,
 )
 from celery_agents.scheduler.messages import build_messages
 from celery_agents.scheduler.policy import disposition_for
@@ -48,6 +50,8 @@ class Snapshot:
     agent: AgentSpec
     turns: list[UserTurn | LlmTurn]
     calls: list[TrackedCall] = field(default_factory=list)
+    #: user messages sent meanwhile, oldest first: the next model call delivers them
+    inbox: list[UserQuery] = field(default_factory=list)
 
 
 @dataclass
@@ -76,6 +80,8 @@ class Transition:
     events: list[Event] = field(default_factory=list)
     #: the step counts against the session's step limit
     counts_as_step: bool = True
+    #: how many of the oldest queued user messages this step delivered (its commit removes them)
+    inbox_taken: int = 0
 
     @property
     def unfinished(self) -> list[TrackedCall]:
@@ -91,6 +97,8 @@ def advance(snap: Snapshot, ports: Ports) -> Transition:
         last = snap.turns[-1]
         assert isinstance(last, LlmTurn), "head LlmTurn but the newest stored turn is not one"
         if not last.tool_calls:
+            if snap.inbox:  # a follow-up message continues the conversation
+                return _call_model(snap, ports, folded=None)
             return Transition(
                 kind="noop",
                 commit=False,
@@ -146,9 +154,18 @@ def _fail(
 
 
 def _call_model(snap: Snapshot, ports: Ports, folded: UserTurn | None) -> Transition:
+    """Call the model on the transcript plus `folded` (the answers to the last batch of calls) and
+    the queued user messages, which follow the answers, each its own user turn, in the order sent."""
+    t = _call_model_on(snap, ports, folded)
+    t.inbox_taken = len(snap.inbox)
+    return t
+
+
+def _call_model_on(snap: Snapshot, ports: Ports, folded: UserTurn | None) -> Transition:
     h = snap.header
     prefix: list[UserTurn | LlmTurn] = [folded] if folded is not None else []
-    head_before = "UserTurn" if folded is not None else h.head
+    prefix += [UserTurn(query=q, at=ports.clock.now()) for q in snap.inbox]
+    head_before = "UserTurn" if prefix else h.head
     if h.steps >= h.step_limit:
         err = ErrorInfo(
             code="max_steps",
@@ -164,7 +181,7 @@ def _call_model(snap: Snapshot, ports: Ports, folded: UserTurn | None) -> Transi
     request = LlmRequest(
         agent=snap.agent,
         messages=build_messages(snap.agent, turns),
-        tools=[t.openai_schema() for t in snap.agent.tools],
+        tools=snap.agent.tool_schemas(),
         session_id=h.session_id,
         version=h.version,
     )
@@ -271,6 +288,14 @@ def _run_tools(snap: Snapshot, turn: LlmTurn, ports: Ports) -> Transition:
     )
 
 
+def _prompt_error(args: Any) -> str | None:
+    """What is wrong with a sub-agent call's arguments, if anything."""
+    prompt = args.get("prompt") if isinstance(args, dict) else None
+    if not isinstance(prompt, str) or not prompt.strip():
+        return 'give the task as {"prompt": "..."}, a non-empty string'
+    return None
+
+
 def _track(snap: Snapshot, turn: LlmTurn, position: int, now: float, ports: Ports) -> tuple[TrackedCall, Event | None]:
     """The tracked call for the model's call at `position`, as its disposition leaves it: failed at
     once (too many calls, no such tool, bad arguments), deferred behind a token, dispatched, or
@@ -291,7 +316,11 @@ def _track(snap: Snapshot, turn: LlmTurn, position: int, now: float, ports: Port
     )
     if position >= agent.max_tool_calls_per_turn:
         return _finish(call, CallOutcome(state="failed", attempts=0, error=_too_many(turn, agent)), now), None
-    if agent.tool(tc.name) is None:
+    if agent.sub_agent(tc.name) is not None:
+        # A delegation names its child session now: an id derived from the call (one child per call).
+        arg_error = arg_error or _prompt_error(args)
+        call = call.model_copy(update={"meta": {"child": child_session_id(snap.header.session_id, call.field)}})
+    elif agent.tool(tc.name) is None:
         return _finish(call, CallOutcome(state="failed", attempts=0, error=agent.no_tool_named(tc.name)), now), None
     if arg_error is not None:
         return _finish(call, CallOutcome(state="failed", attempts=0, error=arg_error), now), None

@@ -21,6 +21,10 @@ def disposition_for(agent: AgentSpec, tool_name: str) -> Disposition:
         prefix = (r for r in policy.rules if r.is_prefix and r.matches(tool_name))
         rule = next(exact, None) or next(prefix, None)
         chosen = rule.disposition if rule is not None else policy.default
+    if agent.sub_agent(tool_name) is not None:
+        # A sub-agent runs as a child session the parent waits for, whatever the mode; a rule may
+        # still have a person approve the delegation first.
+        return chosen if chosen.tag == "defer" else chosen.model_copy(update={"tag": "runAsync"})
     tool = agent.tool(tool_name)
     if tool is not None and tool.external:
         if chosen.tag == "defer":

@@ -27,6 +27,13 @@ class CallStore(StoreCore):
         calls = [merge_outcome(v, raw_results.get(k)) for k, v in raw_calls.items()]
         return sorted(calls, key=lambda c: (c.batch, c.position))
 
+    def call(self, session_id: str, field: str) -> TrackedCall:
+        """One tracked call as its step created it (without its outcome)."""
+        raw = self.client.hget(self.keys.calls(session_id), field)
+        if raw is None:
+            raise UnknownToken(f"session {session_id!r} has no call {field}")
+        return TrackedCall.model_validate_json(raw)
+
     def record_result(self, session_id: str, field: str, outcome: str, event: dict[str, Any]) -> Finished:
         res = self._run("record_result", session_id, [field, outcome, json.dumps(event)])
         if res[0] != "ok":
@@ -43,13 +50,23 @@ class CallStore(StoreCore):
         sid, secret = parse_token(token)
         tkey = self.keys.token(sid, secret)
         expired = outcome_json(CallState.EXPIRED, now=time.time() if now is None else now, attempts=0)
+        approves = "0" if json.loads(outcome).get("state") == CallState.FAILED.value else "1"
         res = self._run(
-            "complete_token", sid, [outcome, by, json.dumps(event or {}), expired], extra_keys=(tkey,), now=now
+            "complete_token",
+            sid,
+            [outcome, by, json.dumps(event or {}), expired, approves],
+            extra_keys=(tkey,),
+            now=now,
         )
         status = res[0]
-        if status == "ok":
+        if status in ("ok", "approved"):
             return CompletionOutcome(
-                token=token, session_id=sid, call_id=res[1], remaining=int(res[2]), woken=bool(res[3])
+                token=token,
+                session_id=sid,
+                call_id=res[1],
+                remaining=int(res[2]),
+                woken=bool(res[3]),
+                delegated=res[5] if status == "approved" else None,
             ), int(res[4])
         details: dict[str, Any] = {"token": token}
         if status == "expired_now":

@@ -46,6 +46,8 @@ class CommitRecord:
     #: the transcript the step read: the cache is extended only from this one
     base_turn_count: int
     base_digest: str
+    #: how many of the oldest queued user messages the step delivered (the commit removes them)
+    inbox_taken: int = 0
 
     @property
     def turns_digest(self) -> str:
@@ -78,10 +80,19 @@ class CommitRecord:
             "pending": [[c.field, int(c.created_at * 1000)] for c in self.calls if not c.state.final],
             "dispatched": [c.field for c in self.calls if c.state == CallState.RUNNING],
             "tokens": [
-                [c.field, int((c.expires_at or 0) * 1000), c.call_id, c.tool, c.digest(), c.reason or ""]
+                [
+                    c.field,
+                    int((c.expires_at or 0) * 1000),
+                    c.call_id,
+                    c.tool,
+                    c.digest(),
+                    c.reason or "",
+                    str(c.meta.get("child") or ""),
+                ]
                 for c in self.tokens
             ],
             "events": [list(e) for e in self.events],
+            "inbox_taken": self.inbox_taken,
         }
         return json.dumps(body, ensure_ascii=False)
 
@@ -125,4 +136,5 @@ def commit_record(
         events=tuple((e.type, json.dumps(e.data, ensure_ascii=False)) for e in t.events),
         base_turn_count=header.turn_count,
         base_digest=header.turns_digest,
+        inbox_taken=t.inbox_taken,
     )

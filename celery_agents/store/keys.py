@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from celery_agents.model import State
 
-SESSION_KEY_NAMES = ("meta", "turns", "calls", "results", "pending", "journal", "events", "lease")
+SESSION_KEY_NAMES = ("meta", "turns", "calls", "results", "pending", "journal", "events", "lease", "inbox", "children")
 #: the shared keys a session script gets after the session's (then one index per stored state)
 SHARED_KEY_NAMES = ("sessions", "pending_all", "deadlines", "owed", "dispatched")
 #: the states a session is stored in, each with its index (`running` is only ever shown)
@@ -66,6 +66,15 @@ class Keys:
     def lease(self, sid: str) -> str:
         """String: the worker running a step of the session, with a time to live."""
         return self.session(sid, "lease")
+
+    def inbox(self, sid: str) -> str:
+        """List: user messages sent while the session could not take them (`session send`), oldest
+        first; the step that next calls the model delivers them and removes them in its commit."""
+        return self.session(sid, "inbox")
+
+    def children(self, sid: str) -> str:
+        """Set: ids of the child sessions its sub-agent calls started."""
+        return self.session(sid, "children")
 
     def call_lease(self, sid: str, field: str) -> str:
         """String: the worker running a dispatched call, with a time to live."""

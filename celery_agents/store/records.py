@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
-from celery_agents.model import LlmTurn, ScriptOutcome, SessionHeader, TrackedCall, UserTurn
+from celery_agents.model import LlmTurn, PendingCall, ScriptOutcome, SessionHeader, TrackedCall, UserQuery, UserTurn
 from celery_agents.model.recovery import Recovery
 
 
@@ -24,6 +25,16 @@ class Loaded:
     journal: dict[str, str]
     #: Redis's clock when the step began (seconds; 0 when not read): the step's times come from it
     redis_now: float = 0.0
+    #: user messages sent meanwhile (`session send`), oldest first, not yet delivered
+    inbox: list[UserQuery] = field(default_factory=list)
+
+
+class Live(NamedTuple):
+    """What a session's view shows besides its header."""
+
+    pending: list[PendingCall]
+    leased: bool
+    children: list[str]
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,9 @@ class SessionStore(StoreCore):
         owe: bool = False,
         session_id: str | None = None,
         now: float | None = None,
+        parent: tuple[str, str] | None = None,
     ) -> SessionHeader:
+        """Store a new session; `parent` is (session, call field) of the sub-agent call starting it."""
         stamp = time.time() if now is None else now  # shown only: the script stamps created_at from Redis
         sid = check_session_id(session_id) if session_id else new_session_id()
         spec_json = agent.to_json()
@@ -43,6 +45,8 @@ class SessionStore(StoreCore):
             updated_at=stamp,
             step_limit=agent.max_steps,
             turn_count=1,
+            parent=parent[0] if parent else None,
+            parent_call=parent[1] if parent else None,
         )
         first_turn = UserTurn(query=query, at=stamp).model_dump_json(exclude_none=True)
         header.turns_digest = turn_digest("", [first_turn])
@@ -63,6 +67,51 @@ class SessionStore(StoreCore):
             raise SessionNotAdvanceable(f"session {sid} already exists")
         self._agents[content_hash] = agent
         return header
+
+    def start_child(self, parent_id: str, call_field: str, child_id: str, agent: AgentSpec, query: UserQuery) -> bool:
+        """Start the child session of a sub-agent call, auto-driven and owed its first step, unless
+        it exists already (an earlier attempt made it): returns whether this call made it. The
+        parent lists it first, so that a crash in between leaves it findable (cancel reaches it)."""
+        self.client.sadd(self.keys.children(parent_id), child_id)
+        try:
+            self.create_session(
+                agent, query, drive="auto", owe=True, session_id=child_id, parent=(parent_id, call_field)
+            )
+        except SessionNotAdvanceable:
+            return False
+        return True
+
+    def children(self, session_id: str) -> list[str]:
+        """The child sessions the session's sub-agent calls started."""
+        return sorted(cast("set[str]", self.client.smembers(self.keys.children(session_id))))
+
+    def tree(self, session_id: str) -> list[str]:
+        """The session and every session below it (children, theirs...), parents first."""
+        out, todo = [], [session_id]
+        while todo:
+            sid = todo.pop(0)
+            out.append(sid)
+            todo += self.children(sid)
+        return out
+
+    def send_message(self, session_id: str, query: UserQuery) -> tuple[int, int]:
+        """Queue a user message for the session's next model call (a completed session becomes
+        ready again); returns (version, messages now waiting)."""
+        check_session_id(session_id)
+        limit = self.settings.max_queued_messages
+        res = self._run("send_message", session_id, [query.model_dump_json(exclude_defaults=True), limit])
+        if res[0] == "missing":
+            raise UnknownSession(f"unknown session {session_id!r}", session_id=session_id)
+        if res[0] == "ended":
+            raise SessionNotAdvanceable(
+                f"session {session_id} is {res[1]}: it takes no more messages", session_id=session_id, status=res[1]
+            )
+        if res[0] == "full":
+            raise InvalidInput(
+                f"session {session_id} already has {res[1]} messages waiting (the limit): send more once it "
+                "has taken them"
+            )
+        return int(res[1]), int(res[2])
 
     def resolve(self, session_id: str) -> str:
         """The whole id of the one session whose id starts with `session_id` (an exact id wins);

@@ -9,7 +9,7 @@ import time
 from typing import Any, cast
 
 from celery_agents.errors import UnknownSession
-from celery_agents.model import ErrorInfo, LlmTurn, SessionHeader, UserTurn
+from celery_agents.model import ErrorInfo, LlmTurn, SessionHeader, UserQuery, UserTurn
 from celery_agents.store.codec import STORED_TURN, merge_outcome, turn_digest
 from celery_agents.store.commit import CommitRecord
 from celery_agents.store.core import StoreCore
@@ -36,7 +36,7 @@ class StepStore(StoreCore):
         return self._loaded(session_id, res, seen)
 
     def _loaded(self, session_id: str, payload: list[Any], seen: Transcript | None) -> Loaded:
-        flat, raw_turns, raw_calls, raw_results, holder, journal = payload
+        flat, raw_turns, raw_calls, raw_results, holder, journal, inbox = payload
         header = header_from_hash(dict(zip(flat[::2], flat[1::2], strict=True)))
         turns = self._transcript(session_id, header, raw_turns, seen)
         calls = [merge_outcome(c, r) for c, r in zip(raw_calls, raw_results, strict=True) if c]
@@ -46,6 +46,7 @@ class StepStore(StoreCore):
             calls=calls,
             lease_holder=holder or "",
             journal=dict(zip(journal[::2], journal[1::2], strict=True)),
+            inbox=[UserQuery.model_validate_json(m) for m in inbox],
         )
 
     def _transcript(

@@ -8,22 +8,25 @@ from typing import Any, cast
 from celery_agents.model import PendingCall, SessionHeader
 from celery_agents.store.codec import StreamEntries, event_from_entry, merge_outcome, pending_view, unfinished_rows
 from celery_agents.store.core import StoreCore
+from celery_agents.store.records import Live
 
 
 class ViewStore(StoreCore):
     """Read-only views across sessions: pending calls, live state, the event stream."""
 
-    def live_state(self, headers: list[SessionHeader]) -> list[tuple[list[PendingCall], bool]]:
-        """For each session: its unfinished calls and whether a step holds its lease; two
-        pipelined round trips for any number of sessions."""
+    def live_state(self, headers: list[SessionHeader]) -> list[Live]:
+        """For each session: its unfinished calls, whether a step holds its lease, and its child
+        sessions; two pipelined round trips for any number of sessions."""
         k = self.keys
         pipe = self.client.pipeline(transaction=False)
         for h in headers:
             pipe.exists(k.lease(h.session_id))
             pipe.smembers(k.pending(h.session_id))
+            pipe.smembers(k.children(h.session_id))
         first = pipe.execute()
-        leased = [bool(x) for x in first[0::2]]
-        fields = [sorted(x) for x in first[1::2]]
+        leased = [bool(x) for x in first[0::3]]
+        fields = [sorted(x) for x in first[1::3]]
+        children = [sorted(x) for x in first[2::3]]
         pipe = self.client.pipeline(transaction=False)
         for h, fs in zip(headers, fields, strict=True):
             if fs:
@@ -31,13 +34,13 @@ class ViewStore(StoreCore):
                 pipe.hmget(k.results(h.session_id), fs)
                 pipe.mget([k.call_started(h.session_id, f) for f in fs])
         second = iter(pipe.execute())
-        out: list[tuple[list[PendingCall], bool]] = []
-        for h, fs, lease in zip(headers, fields, leased, strict=True):
+        out: list[Live] = []
+        for h, fs, lease, kids in zip(headers, fields, leased, children, strict=True):
             pending: list[PendingCall] = []
             if fs:
                 rows = unfinished_rows(next(second), next(second), next(second))
                 pending = [pending_view(h.session_id, c, started) for c, started in rows]
-            out.append((pending, lease))
+            out.append(Live(pending, lease, kids))
         return out
 
     def pending_view(self, session_id: str | None = None, limit: int = 1000) -> list[PendingCall]:

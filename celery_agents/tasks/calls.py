@@ -22,6 +22,8 @@ def _run(task: Any, session_id: str, field: str, isolated: bool) -> str:
     tools = ctx.isolated_tools if isolated else ctx.tools
     with observe.call_task(task.request, session_id, field):
         res = run_call(ctx.store, session_id, field, tools, owner)
+        if res.child is not None:
+            Dispatcher(app).step(*res.child)
         if res.finished is not None and res.finished.woken:
             Dispatcher(app).step(session_id, res.finished.version)
     leave_if_outrun()

@@ -273,7 +273,9 @@ class WorkerServices:
                     self._stop.wait(0.5)
                     continue
                 if consumer is None:
-                    consumer = CompletionConsumer(store, self.name, wake=lambda sid, v: dispatcher.step(sid, v, "wake"))
+                    consumer = CompletionConsumer(
+                        store, self.name, wake=lambda sid, v: dispatcher.step(sid, v, "wake"), dispatch=dispatcher.call
+                    )
                 consumer.poll(block_ms=250)  # short: a stopping worker waits for it
             except Exception:
                 log.exception("applying completions failed; retrying")

@@ -14,8 +14,12 @@ def check_invariants(store: Store, sid: str, *, completed: bool = True) -> None:
     assert turns and isinstance(turns[0], UserTurn) and turns[0].query is not None, "starts with the user's query"
     for i, turn in enumerate(turns[1:], start=1):
         prev = turns[i - 1]
+        if isinstance(turn, UserTurn) and isinstance(prev, UserTurn):
+            # Only a message sent meanwhile (`session send`) follows a user turn: a query, no answers.
+            assert turn.query is not None and not turn.tool_responses, f"turn {i} repeats UserTurn"
+            continue
         assert type(turn) is not type(prev), f"turn {i} repeats {type(turn).__name__}"
-        if isinstance(turn, UserTurn):
+        if isinstance(turn, UserTurn) and turn.tool_responses:
             assert isinstance(prev, LlmTurn) and prev.tool_calls, f"turn {i}: tool answers without calls"
             assert [r.call_id for r in turn.tool_responses] == [c.id for c in prev.tool_calls], (
                 f"turn {i}: answers {[r.call_id for r in turn.tool_responses]} do not match the calls "
@@ -40,7 +44,29 @@ def check_invariants(store: Store, sid: str, *, completed: bool = True) -> None:
         assert r.scard(k.pending(sid)) == 0
         assert not r.exists(k.journal(sid)), "no journal left behind"
         assert not r.exists(k.lease(sid))
+        assert r.llen(k.inbox(sid)) == 0, "no message sent to it is left undelivered"
         for member in r.zrange(k.dispatched, 0, -1) + r.zrange(k.pending_all, 0, -1) + r.zrange(k.deadlines, 0, -1):
             assert not member.startswith(sid + " "), f"index entry left behind: {member}"
         for key in r.scan_iter(match=k.session(sid, "tok:*")):
             assert r.hget(key, "state") != "pending", f"orphaned token {key}"
+
+
+def check_tree(store: Store, root: str) -> list[str]:
+    """`check_invariants` on a session and every session below it, and their links: each child
+    names its parent and the parent's call that started it, that call names the child (an id derived
+    from the call: one child per call, however often it was started), a child's end is its call's
+    outcome, and the parent lists exactly the children its calls started. Returns the tree's ids."""
+    tree = [root]
+    for sid in tree:
+        check_invariants(store, sid)
+        calls = {c.field: c for c in store.calls(sid)}
+        started = sorted(str(c.meta["child"]) for c in calls.values() if c.meta.get("child"))
+        children = store.children(sid)
+        assert children == started, f"{sid} lists children {children}; its calls started {started}"
+        for child in children:
+            h = store.header(child)
+            assert (h.parent, h.parent_call) == (sid, next(f for f, c in calls.items() if c.meta.get("child") == child))
+            call = calls[h.parent_call or ""]
+            assert call.result == h.response, f"call {call.call_id} got {call.result!r}, its child said {h.response!r}"
+        tree += children
+    return tree

@@ -57,6 +57,7 @@ def decide(
         agent=store.agent(loaded.header.agent_hash),
         turns=loaded.turns,
         calls=loaded.calls,
+        inbox=loaded.inbox,
     )
     return advance(
         snap,

@@ -5,15 +5,15 @@
 -- ARGV[3] = session id; the rest per script.
 local K = {
   meta = KEYS[1], turns = KEYS[2], calls = KEYS[3], results = KEYS[4], pending = KEYS[5],
-  journal = KEYS[6], events = KEYS[7], lease = KEYS[8],
-  sessions = KEYS[9], pending_all = KEYS[10], deadlines = KEYS[11], owed = KEYS[12], dispatched = KEYS[13],
-  request = KEYS[20],
+  journal = KEYS[6], events = KEYS[7], lease = KEYS[8], inbox = KEYS[9], children = KEYS[10],
+  sessions = KEYS[11], pending_all = KEYS[12], deadlines = KEYS[13], owed = KEYS[14], dispatched = KEYS[15],
+  request = KEYS[22],
 }
 local STATE_KEYS = {
-  ready = KEYS[14], tools = KEYS[15], waiting = KEYS[16],
-  completed = KEYS[17], failed = KEYS[18], cancelled = KEYS[19],
+  ready = KEYS[16], tools = KEYS[17], waiting = KEYS[18],
+  completed = KEYS[19], failed = KEYS[20], cancelled = KEYS[21],
 }
-local NKEYS = 20
+local NKEYS = 22
 -- Durable times (deadlines compared, owed and index scores, updated times) come from Redis's clock,
 -- the one clock every worker shares; a worker's own clock may be off by any amount.
 local NOW_MS
@@ -133,7 +133,7 @@ local function finish_call(field, outcome, event_kind, event_data)
 end
 
 -- What a step reads: {meta (flat), turns from index `from`, newest batch's calls and outcomes,
--- lease holder, journal (flat)}.
+-- lease holder, journal (flat), queued user messages}.
 local function load_payload(from)
   local meta = redis.call('HGETALL', K.meta)
   local turns = redis.call('LRANGE', K.turns, from, -1)
@@ -150,7 +150,8 @@ local function load_payload(from)
       for _, v in ipairs(redis.call('HMGET', K.results, unpack(fields))) do results[#results + 1] = v end
     end
   end
-  return {meta, turns, calls, results, redis.call('GET', K.lease) or '', redis.call('HGETALL', K.journal)}
+  return {meta, turns, calls, results, redis.call('GET', K.lease) or '', redis.call('HGETALL', K.journal),
+    redis.call('LRANGE', K.inbox, 0, -1)}
 end
 
 -- Run a writing script once per request id: a call retried after its reply was lost (the client
@@ -163,7 +164,7 @@ local REQUEST_TTL_S = 600
 local REFUSALS = {
   missing = true, unknown = true, exists = true, stale = true, ended = true, lost_lease = true,
   already = true, early = true, completed = true, expired = true, cancelled = true,
-  active = true, changed = true, busy = true,
+  active = true, changed = true, busy = true, full = true,
   settled = true, running = true, waiting = true,
 }
 local function once(body)

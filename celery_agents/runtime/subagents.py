@@ -1,0 +1,81 @@
+"""Sub-agent calls: the child session a `prompt_agent_<slug>` call starts, and the call's outcome
+once that child ends.
+
+A call's child has an id derived from the call (`child_session_id`), so starting it again after
+a crash or a redelivery finds the same session instead of making a second. The parent's call
+stays dispatched until the child's end is recorded into it: the worker that commits the child's
+last step records it at once (`settle_parent`); if that worker dies first, the sweeper publishes
+the call again and its next run finds the child ended and records it (`run_child_call`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from celery_agents.model import AgentSpec, CallState, SessionHeader, Status, TrackedCall, UserQuery
+from celery_agents.runtime.faults import checkpoint
+from celery_agents.store import Finished, Store, outcome_json
+
+
+@dataclass
+class ChildRun:
+    """What a run of a sub-agent call did: started its child (publish the child's first step at
+    `version`), found it still running, or recorded its end into the call (`finished`)."""
+
+    child: str
+    started: bool = False
+    version: int = 0
+    finished: Finished | None = None
+
+
+def run_child_call(store: Store, session_id: str, call: TrackedCall, agent: AgentSpec) -> ChildRun:
+    """Start the call's child session if it does not exist yet; else record its end if it ended."""
+    child = str(call.meta["child"])
+    sub = agent.sub_agent(call.tool)
+    if sub is None:  # the spec changed under the call: cannot happen for a stored spec, say so anyway
+        body = outcome_json(CallState.FAILED, error=f"no sub-agent for {call.tool}", now=time.time(), attempts=0)
+        event = {"call_id": call.call_id, "tool": call.tool, "state": CallState.FAILED.value}
+        return ChildRun(child, finished=store.record_result(session_id, call.field, body, event))
+    prompt = str(call.arguments.get("prompt", "")) if isinstance(call.arguments, dict) else ""
+    if store.start_child(session_id, call.field, child, sub, UserQuery(text=prompt)):
+        checkpoint("child_created", store, child)
+        if store.header(session_id).status == Status.CANCELLED:
+            # Cancelled while the child was being made: the cancel may have looked for children
+            # before this one was listed, so it is cancelled here.
+            store.cancel(child)
+            return ChildRun(child)
+        return ChildRun(child, started=True, version=1)
+    return ChildRun(child, finished=settle_parent(store, store.header(child)))
+
+
+def child_outcome(child: SessionHeader) -> str | None:
+    """The outcome a parent's call records for its ended child (None while the child goes on)."""
+    now = time.time()
+    meta = {"child": child.session_id}
+    if child.status == Status.COMPLETED:
+        return outcome_json(CallState.COMPLETED, result=child.response or "", now=now, attempts=1, meta=meta)
+    if child.status == Status.FAILED:
+        why = child.error.message if child.error else "it failed"
+        text = f"the sub-agent {child.agent_slug!r} (session {child.session_id}) failed: {why}"
+        return outcome_json(CallState.FAILED, error=text, now=now, attempts=1, meta=meta)
+    if child.status == Status.CANCELLED:
+        text = f"the sub-agent {child.agent_slug!r} (session {child.session_id}) was cancelled"
+        return outcome_json(CallState.FAILED, error=text, now=now, attempts=1, meta=meta)
+    return None
+
+
+def settle_parent(store: Store, child: SessionHeader) -> Finished | None:
+    """Record an ended child's outcome into its parent's call (first writer wins); None when the
+    session has no parent or has not ended. The parent is woken as by any last finished call."""
+    if child.parent is None or child.parent_call is None:
+        return None
+    body = child_outcome(child)
+    if body is None:
+        return None
+    state = "completed" if child.status == Status.COMPLETED else "failed"
+    event = {"call_id": "", "child": child.session_id, "state": state}
+    finished = store.record_result(child.parent, child.parent_call, body, event)
+    if finished.woken:
+        checkpoint("parent_woken", store, child.parent)
+    return finished

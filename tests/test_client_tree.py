@@ -1,0 +1,87 @@
+"""Sub-agents and follow-ups with steps run in this process (inline, as on the embedded default):
+a child is driven here and its end wakes the parent; a child that defers leaves the tree waiting
+until its token is completed; an approved delegation runs its child here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery_agents import Client
+from celery_agents.config import Settings
+from celery_agents.model import LlmTurn, State, parse_agent
+from celery_agents.scheduler import LlmRequest
+from tests.scheduler.fakes import llm_turn
+
+HELPER = {"slug": "helper", "model": "fake/helper", "tools": [{"name": "approve", "external": True}]}
+
+
+class ByModel:
+    """A model per agent: each answers its scripted turns in order."""
+
+    def __init__(self, **scripts: list[LlmTurn]) -> None:
+        self.scripts = scripts
+        self.asked: list[tuple[str, str]] = []
+
+    def complete(self, request: LlmRequest) -> LlmTurn:
+        name = request.agent.model.split("/")[1]
+        self.asked.append((name, str(request.messages[-1].get("content"))))
+        return self.scripts[name].pop(0)
+
+
+def boss(**extra: Any) -> Any:
+    return parse_agent({"slug": "boss", "model": "fake/boss", "subAgents": [HELPER], **extra})
+
+
+def delegate() -> LlmTurn:
+    return llm_turn(("d1", "prompt_agent_helper", '{"prompt": "find it"}'))
+
+
+def test_inline_a_child_runs_here_and_its_answer_reaches_the_parent(settings: Settings) -> None:
+    llm = ByModel(boss=[delegate(), llm_turn(text="boss done")], helper=[llm_turn(text="found it")])
+    with Client(settings, inline=True, llm=llm) as client:
+        view = client.start(boss(), "go", run=True)
+        assert (view.state, view.response) == (State.COMPLETED, "boss done")
+        assert ("helper", "find it") in llm.asked and llm.asked[-1] == ("boss", "found it")
+        (child,) = view.children
+        assert client.view(child).parent == view.session_id
+
+
+def test_inline_a_deferring_child_waits_and_its_completion_finishes_the_tree(settings: Settings) -> None:
+    llm = ByModel(
+        boss=[delegate(), llm_turn(text="boss done")],
+        helper=[llm_turn(("a1", "approve", "{}")), llm_turn(text="approved")],
+    )
+    with Client(settings, inline=True, llm=llm) as client:
+        view = client.start(boss(), "go", run=True)
+        assert view.state == State.WAITING
+        delegation, deferred = client.pending(view.session_id)
+        assert (delegation.session_id, delegation.tool, delegation.state) == (
+            view.session_id,
+            "prompt_agent_helper",
+            "running",
+        )
+        assert deferred.session_id == view.children[0] and deferred.tool == "approve"
+        client.complete(deferred.token or "", "yes")
+        client.resume(view.session_id)  # the parent's drive drives its child on
+        final = client.view(view.session_id)
+        assert (final.state, final.response) == (State.COMPLETED, "boss done")
+
+
+def test_inline_an_approved_delegation_runs_its_child(settings: Settings) -> None:
+    rule = {"tool": "prompt_agent_helper", "disposition": "defer"}
+    llm = ByModel(boss=[delegate(), llm_turn(text="boss done")], helper=[llm_turn(text="found it")])
+    with Client(settings, inline=True, llm=llm) as client:
+        view = client.start(boss(toolCallPolicy={"default": "runSync", "rules": [rule]}), "go", run=True)
+        (call,) = view.pending
+        assert view.state == State.WAITING and call.token
+        client.complete(call.token, "go ahead")
+        final = client.view(view.session_id)
+        assert (final.state, final.response, len(final.children)) == (State.COMPLETED, "boss done", 1)
+
+
+def test_inline_send_continues_the_conversation(settings: Settings) -> None:
+    llm = ByModel(boss=[llm_turn(text="one"), llm_turn(text="two")])
+    with Client(settings, inline=True, llm=llm) as client:
+        view = client.start(boss(), "first", run=True)
+        assert client.send(view.session_id, "second", run=True).response == "two"
+        assert llm.asked[-1] == ("boss", "second")
