@@ -149,10 +149,6 @@ def test_metrics_count_sessions_by_state_from_the_indexes(api: httpx.Client, llm
 
 
 def test_a_message_continues_a_completed_session(api: httpx.Client, llm_server: LlmServer) -> None:
-    from celery_agents import Client
-
-    if not hasattr(Client, "send"):
-        pytest.skip("Client.send (follow-up messages) is not in this tree yet")
     agent = one_approval(llm_server)
     agent["model"] = f"openai/{llm_server.scenario([text('first'), text('second')])}"
     sid = started(api, agent, run="until_blocked", wait=True, timeout=60)["session_id"]
@@ -162,12 +158,15 @@ def test_a_message_continues_a_completed_session(api: httpx.Client, llm_server: 
 
 
 def test_a_message_to_an_unknown_session_is_404(api: httpx.Client) -> None:
-    from celery_agents import Client
-
-    if not hasattr(Client, "send"):
-        pytest.skip("Client.send (follow-up messages) is not in this tree yet")
     missing = api.post("/v1/sessions/0123456789abcdef0123456789abcdef/messages", json={"prompt": "hi"})
     assert error_of(missing, 404) == "unknown_session"
+
+
+def test_a_message_to_a_cancelled_session_is_409(api: httpx.Client, llm_server: LlmServer) -> None:
+    sid = started(api, one_approval(llm_server))["session_id"]
+    api.post(f"/v1/sessions/{sid}/cancel")
+    refused = api.post(f"/v1/sessions/{sid}/messages", json={"prompt": "still there?"})
+    assert error_of(refused, 409) == "session_not_advanceable"
 
 
 def test_every_request_needs_the_token(server: Serve, api_token: str) -> None:
@@ -257,10 +256,6 @@ def test_a_wait_that_runs_out_is_504_and_the_work_goes_on(api: httpx.Client, llm
 def test_a_childs_deferred_call_is_approved_on_the_page_and_its_parent_finishes(
     api: httpx.Client, llm_server: LlmServer, tmp_path: Path
 ) -> None:
-    from celery_agents.model import SessionView
-
-    if "children" not in SessionView.model_fields:
-        pytest.skip("sub-agents are not in this tree yet")
     helper = one_approval(llm_server, answer="Paris", slug="helper")
     (tmp_path / "helper.json").write_text(json.dumps(helper))
     boss_model = llm_server.scenario(
