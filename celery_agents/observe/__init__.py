@@ -113,20 +113,18 @@ def step(request: Any, session_id: str, version: int) -> Iterator[Watch]:
 @contextlib.contextmanager
 def call_task(request: Any, session_id: str, field: str) -> Iterator[None]:
     """One runAsync/runIsolated task: its log lines and its spans continue the dispatching step's trace."""
-    watch = Watch()
-    with log_context(session_id=session_id, call=field), _span(
-        "agents.call_task",
-        {"agents.session_id": session_id, "agents.call_field": field, "agents.worker": _worker(request)},
-        watch,
-        parent=request,
-        kind="consumer",
-    ):  # fmt: skip
+    attributes = {"agents.session_id": session_id, "agents.call_field": field, "agents.worker": _worker(request)}
+    with (
+        log_context(session_id=session_id, call=field),
+        _span("agents.call_task", attributes, Watch(), parent=request, kind="consumer"),
+    ):
         yield
 
 
 @contextlib.contextmanager
 def model_call(model: str) -> Iterator[Watch]:
-    """One call of the agent file's `model` (its retries included); set `turn` on the watch."""
+    """One call of the agent file's `model` (its retries included); report the answer with
+    `model_answered`."""
     watch = Watch()
     provider = model.split("/", 1)[0] if "/" in model else "openai"
     attributes = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": provider, "gen_ai.request.model": model}
@@ -145,16 +143,22 @@ def model_call(model: str) -> Iterator[Watch]:
 def model_answered(watch: Watch, model: str, turn: LlmTurn) -> None:
     """Tokens and finish reason of a model's answer (GenAI attributes on the span)."""
     u = turn.usage
-    watch.set(**{
-        "gen_ai.response.model": turn.model or None,
-        "gen_ai.usage.input_tokens": u.prompt_tokens,
-        "gen_ai.usage.output_tokens": u.completion_tokens,
-        "gen_ai.response.finish_reasons": [turn.finish_reason] if turn.finish_reason else None,
-        "gen_ai.usage.reasoning_tokens": u.reasoning_tokens or None,
-    })  # fmt: skip
+    watch.set(
+        **{
+            "gen_ai.response.model": turn.model or None,
+            "gen_ai.usage.input_tokens": u.prompt_tokens,
+            "gen_ai.usage.output_tokens": u.completion_tokens,
+            "gen_ai.response.finish_reasons": [turn.finish_reason] if turn.finish_reason else None,
+            "gen_ai.usage.reasoning_tokens": u.reasoning_tokens or None,
+        }
+    )
     if _series is not None:
-        for kind, count in (("input", u.prompt_tokens), ("output", u.completion_tokens),
-                            ("reasoning", u.reasoning_tokens), ("cached", u.cached_tokens)):  # fmt: skip
+        for kind, count in (
+            ("input", u.prompt_tokens),
+            ("output", u.completion_tokens),
+            ("reasoning", u.reasoning_tokens),
+            ("cached", u.cached_tokens),
+        ):
             if count:
                 _series.model_tokens.labels(model, kind).inc(count)
 
@@ -169,8 +173,12 @@ def tool_call(agent: AgentSpec | None, call: TrackedCall) -> Iterator[Watch]:
     """One run of a tool (inline or in a tool task); report its `CallOutcome` with `tool_ran`."""
     watch = Watch(outcome="failed")
     tool = tool_label(agent, call.tool)
-    attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": tool,
-                  "gen_ai.tool.call.id": call.call_id, "agents.disposition": call.disposition}  # fmt: skip
+    attributes = {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": tool,
+        "gen_ai.tool.call.id": call.call_id,
+        "agents.disposition": call.disposition,
+    }
     with log_context(call_id=call.call_id), _span(f"execute_tool {tool}", attributes, watch):
         try:
             yield watch
@@ -202,8 +210,12 @@ def token_wait(store: Store, token: str, by: str | None) -> Iterator[Watch]:
     call = found[0] if found is not None else None
     agent = _agent_of(store, found[1]) if found is not None else None
     tool = tool_label(agent, call.tool) if call is not None else "_other"
-    attributes = {"agents.session_id": token.partition(".")[0], "agents.completed_by": by or "",
-                  "gen_ai.tool.name": tool, "gen_ai.tool.call.id": call.call_id if call else ""}  # fmt: skip
+    attributes = {
+        "agents.session_id": token.partition(".")[0],
+        "agents.completed_by": by or "",
+        "gen_ai.tool.name": tool,
+        "gen_ai.tool.call.id": call.call_id if call else "",
+    }
     parent = call.traceparent if call is not None else None
     start = call.created_at if call is not None and call.created_at else None
     with _span("agents.token_wait", attributes, watch, parent=parent or {}, start_s=start):

@@ -19,8 +19,14 @@ from typing import Any
 _context: ContextVar[dict[str, Any] | None] = ContextVar("agents_log_context", default=None)
 
 #: loggers that repeat themselves once per process or per call (litellm's notices, HTTP lines)
-NOISY = {"LiteLLM": logging.ERROR, "LiteLLM Router": logging.ERROR, "LiteLLM Proxy": logging.ERROR,
-         "litellm": logging.ERROR, "httpx": logging.WARNING, "httpcore": logging.WARNING}  # fmt: skip
+NOISY = {
+    "LiteLLM": logging.ERROR,
+    "LiteLLM Router": logging.ERROR,
+    "LiteLLM Proxy": logging.ERROR,
+    "litellm": logging.ERROR,
+    "httpx": logging.WARNING,
+    "httpcore": logging.WARNING,
+}
 
 
 @contextlib.contextmanager

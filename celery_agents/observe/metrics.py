@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,6 +26,12 @@ log = logging.getLogger("celery_agents.metrics")
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 #: ours: tells the worker's processes to count (Settings.metrics_dir)
 METRICS_DIR_ENV = "AGENTS_METRICS_DIR"
+
+
+def worker_folder(root: Path, worker_name: str) -> Path:
+    """The folder of one worker's metric files under `root`: its name made a plain file name, so
+    that no name (`..`, `a/../b`) reaches outside `root` — the folder is emptied at start."""
+    return root / ("worker-" + re.sub(r"[^A-Za-z0-9_.@-]", "_", worker_name)[:200])
 
 
 def prepare_dir(path: Path) -> None:

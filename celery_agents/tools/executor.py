@@ -14,6 +14,7 @@ import os
 import shutil
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from celery_agents.model import AgentSpec, TrackedCall, arguments_not_an_object
@@ -106,57 +107,64 @@ class ToolRunner:
         if tool.python:
             return self._python(agent, tool, args, limits, timeout, session_id, call)
         if tool.mcp:
-            from celery_agents.tools.mcp.calls import call_mcp
-
-            sandbox = self.sandbox if self.isolated else None
-            network = _network(tool, agent, call.tool)
-            outcome, run = call_mcp(agent, tool, args, limits, timeout, session_id, call, sandbox, network)
-            return outcome if run is None else _with_sandbox(outcome, run)
-        if tool.script:
-            script = resolve_argv([tool.script], agent.base_dir)[0]
-            declared = [script]
-            modes = list(tool.script_args) if tool.script_args is not None else None
-            invocation = script_invocation(script, modes, args)
-            if isinstance(invocation, str):
-                return CallOutcome(state="failed", attempts=0, error=invocation, meta={"invalid_arguments": True})
-            argv, stdin = invocation
-            env = call_env(session_id, call, agents_exe=True)
-        else:
-            argv = declared = resolve_argv(list(tool.command or []), agent.base_dir)
-            stdin, env = json.dumps(args).encode(), call_env(session_id, call)
+            return self._mcp(agent, tool, args, limits, timeout, session_id, call)
+        invocation = _invocation(agent, tool, args, session_id, call)
+        if isinstance(invocation, CallOutcome):
+            return invocation
         if self.isolated:
-            # What the sandbox lets the run reach comes from the agent file, never from the
-            # arguments the model chose.
-            needs = _program_paths(declared)
-            readable = [*python_install(), *([agent.base_dir] if agent.base_dir else [])]
-            run = self.sandbox.run(
-                argv,
-                stdin,
-                call_env=env,
-                env_names=tool.env,
-                limits=limits,
-                timeout=timeout,
-                network=_network(tool, agent, call.tool),
-                readable=readable,
-                needs=needs,
-            )
-            outcome = outcome_of(
-                run.process,
-                timeout=timeout,
-                empty_result=tool.empty_result,
-                media_type=tool.output_media_type,
-                limits=limits,
-            )
-            return _with_sandbox(outcome, run)
+            return self._sandboxed(agent, tool, invocation, limits, timeout, call)
         res = run_process(
-            argv,
-            stdin,
-            env={**os.environ, **env},
+            invocation.argv,
+            invocation.stdin,
+            env={**os.environ, **invocation.env},
             cwd=_folder(agent),
             timeout=timeout,
             output_cap=limits.output_bytes or OUTPUT_CAP,
         )
         return outcome_of(res, timeout=timeout, empty_result=tool.empty_result, media_type=tool.output_media_type)
+
+    def _mcp(
+        self,
+        agent: AgentSpec,
+        tool: ToolSpec,
+        args: dict[str, Any],
+        limits: Limits,
+        timeout: float,
+        session_id: str,
+        call: TrackedCall,
+    ) -> CallOutcome:
+        from celery_agents.tools.mcp.calls import call_mcp
+
+        sandbox = self.sandbox if self.isolated else None
+        network = _network(tool, agent, call.tool)
+        outcome, run = call_mcp(agent, tool, args, limits, timeout, session_id, call, sandbox, network)
+        return outcome if run is None else _with_sandbox(outcome, run)
+
+    def _sandboxed(
+        self, agent: AgentSpec, tool: ToolSpec, inv: Invocation, limits: Limits, timeout: float, call: TrackedCall
+    ) -> CallOutcome:
+        # What the sandbox lets the run reach comes from the agent file, never from the
+        # arguments the model chose.
+        readable = [*python_install(), *([agent.base_dir] if agent.base_dir else [])]
+        run = self.sandbox.run(
+            inv.argv,
+            inv.stdin,
+            call_env=inv.env,
+            env_names=tool.env,
+            limits=limits,
+            timeout=timeout,
+            network=_network(tool, agent, call.tool),
+            readable=readable,
+            needs=_program_paths(inv.declared),
+        )
+        outcome = outcome_of(
+            run.process,
+            timeout=timeout,
+            empty_result=tool.empty_result,
+            media_type=tool.output_media_type,
+            limits=limits,
+        )
+        return _with_sandbox(outcome, run)
 
     def _python(
         self,
@@ -275,3 +283,31 @@ def _program_paths(argv: list[str]) -> list[str]:
     names (the agent file's, not the model's)."""
     found = shutil.which(argv[0]) if argv else None
     return [*([found] if found else []), *(a for a in argv if os.path.isabs(a) and os.path.exists(a))]
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """How a command or script tool is run: argv, what goes on stdin, the call's environment, and
+    the programs the agent file declared (what an isolated run must be able to reach)."""
+
+    argv: list[str]
+    declared: list[str]
+    stdin: bytes
+    env: dict[str, str]
+
+
+def _invocation(
+    agent: AgentSpec, tool: ToolSpec, args: dict[str, Any], session_id: str, call: TrackedCall
+) -> Invocation | CallOutcome:
+    """A script tool (agents-exe toolbox) or a command tool's invocation; arguments the script's
+    modes cannot take are a failed call."""
+    if tool.script:
+        script = resolve_argv([tool.script], agent.base_dir)[0]
+        modes = list(tool.script_args) if tool.script_args is not None else None
+        invocation = script_invocation(script, modes, args)
+        if isinstance(invocation, str):
+            return CallOutcome(state="failed", attempts=0, error=invocation, meta={"invalid_arguments": True})
+        argv, stdin = invocation
+        return Invocation(argv, [script], stdin, call_env(session_id, call, agents_exe=True))
+    argv = resolve_argv(list(tool.command or []), agent.base_dir)
+    return Invocation(argv, argv, json.dumps(args).encode(), call_env(session_id, call))

@@ -14,6 +14,8 @@ from typing import Any, TypeVar
 
 import redis
 
+from tests.support.launcher import launcher
+from tests.support.launcher import run as launched
 from tests.support.workers import worker_env
 
 CLI = [sys.executable, "-m", "celery_agents.cli.main"]
@@ -74,19 +76,19 @@ def agents(
     timeout: float = 90,
     cwd: Path | None = None,
     python_flags: tuple[str, ...] = (),
+    fork: bool = True,
 ) -> Run:
-    """Run `python -m celery_agents.cli.main ARGS` and wait for it."""
+    """Run `python -m celery_agents.cli.main ARGS` and wait for it. The process is forked from the
+    test run's warm launcher (tests/support/launcher.py) unless `fork=False`, `python_flags` are
+    given (`-X importtime` must see every import) or the environment rules it out: then a fresh
+    interpreter runs it. Tests of what a process imports, or of how fast it starts, exec."""
     argv = [str(a) for a in args]
     started = time.monotonic()
-    proc = subprocess.run(
-        [CLI[0], *python_flags, *CLI[1:], *argv],
-        env=env,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=cwd,
-    )
+    command = [CLI[0], *python_flags, *CLI[1:], *argv]
+    if fork and launcher().can_fork(command, env):  # forked from the warm launcher: no imports to pay
+        code, out, err = launched(command, env, stdin, timeout, cwd)
+        return Run(argv, code, out, err, time.monotonic() - started)
+    proc = subprocess.run(command, env=env, input=stdin, capture_output=True, text=True, timeout=timeout, cwd=cwd)
     return Run(argv, proc.returncode, proc.stdout, proc.stderr, time.monotonic() - started)
 
 

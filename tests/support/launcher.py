@@ -2,18 +2,19 @@
 interpreter each: a worker costs a fork, not seconds of imports (litellm alone is ~5 s of CPU).
 
 The launcher is one process per test run (started on first use, `python -m tests.support.launcher`)
-that imports the third-party libraries a worker needs (litellm, Celery, kombu, redis, pydantic...)
-and nothing of celery_agents: some of its modules read the environment when imported, and each
-worker gets its own. For each request it forks; the child starts a session of its own, sets its
-environment, sends stdout and stderr to the log, and runs `python -m celery_agents.cli.main`'s
-code with the worker's argv: the very `agents worker` code, forking its Celery workers from its own
-zygote in turn (tasks/supervisor.py).
+that imports the third-party modules a worker imports (litellm, Celery, kombu, redis, pydantic...,
+found by a probe: `_preload`) and nothing of celery_agents: some of its modules read the
+environment when imported, and each worker gets its own. For each request it forks; the child
+starts a session of its own, sets its environment, sends stdout and stderr to the log, and runs
+`python -m celery_agents.cli.main`'s code with the worker's argv: the very `agents worker` code,
+forking its Celery workers from its own zygote in turn (tasks/supervisor.py).
 
 A process's /proc/<pid>/environ shows the environment it was exec'd with, not the one set after a
 fork: a test that looks for a secret there execs its worker (`Worker(..., fork=False)`). A worker
 whose environment differs from the launcher's in more than `AGENTS_*` and `FORKABLE` (a library
-setting read at import) is exec'd as before (`can_fork`). Protocol on the launcher's stdin/stdout: a JSON request
-`{"argv", "env", "log"}` per line; replies `pid N` (in order), and `exit N CODE` when one ends.
+setting read at import) is exec'd as before (`can_fork`). Protocol on the launcher's stdin and
+stdout: a JSON request `{"argv", "env", "log"}` per line; replies `pid N` (in order), and
+`exit N CODE` when one ends.
 """
 
 from __future__ import annotations
@@ -21,11 +22,15 @@ from __future__ import annotations
 import atexit
 import contextlib
 import gc
+import importlib
+import io
 import json
+import locale
 import os
 import runpy
 import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -35,8 +40,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULE = "celery_agents.cli.main"
-#: keys outside AGENTS_* a forked worker may have: read when a model is called, not at import
-FORKABLE = frozenset({"OPENAI_API_KEY"})
+#: keys outside AGENTS_* a forked process may have: read when used, not at import
+FORKABLE = frozenset({"OPENAI_API_KEY", "COLUMNS"})
 
 
 def base_env() -> dict[str, str]:
@@ -84,13 +89,17 @@ class Launcher:
 
     def __init__(self) -> None:
         self.env = base_env()
+        # The stdio of an `agents` command goes to the launcher over this socket (SCM_RIGHTS).
+        self._fds, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.launcher"],
+            [sys.executable, "-m", "tests.support.launcher", str(theirs.fileno())],
             cwd=ROOT,
             env=self.env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
+            pass_fds=(theirs.fileno(),),
         )
+        theirs.close()
         self.exited: dict[int, int] = {}
         self.changed = threading.Condition()
         self._pids: list[int] = []
@@ -107,14 +116,26 @@ class Launcher:
 
         return fixed(env) == fixed(self.env) and self.proc.poll() is None
 
-    def spawn(self, argv: list[str], env: Mapping[str, str], log: Path | None) -> LaunchedProcess:
-        request = json.dumps({"argv": argv, "env": dict(env), "log": str(log) if log else None}) + "\n"
+    def spawn(
+        self,
+        argv: list[str],
+        env: Mapping[str, str],
+        log: Path | None = None,
+        stdio: tuple[int, int, int] | None = None,
+        cwd: Path | None = None,
+    ) -> LaunchedProcess:
+        """Fork `argv`: a worker in a session of its own writing to `log`, or (`stdio`) a command
+        in the test run's process group with these stdin, stdout and stderr."""
+        request = {"argv": argv, "env": dict(env), "log": str(log) if log else None, "cwd": str(cwd or "")}
+        request["stdio"] = stdio is not None
         with self._lock, self.changed:
             assert self.proc.stdin is not None
-            self.proc.stdin.write(request.encode())
+            if stdio is not None:
+                socket.send_fds(self._fds, [b"."], list(stdio))
+            self.proc.stdin.write((json.dumps(request) + "\n").encode())
             self.proc.stdin.flush()
-            if not self.changed.wait_for(lambda: self._pids or self.proc.poll() is not None, 60):
-                raise RuntimeError("the launcher did not answer within 60 s")
+            if not self.changed.wait_for(lambda: self._pids or self.proc.poll() is not None, 300):
+                raise RuntimeError("the launcher did not answer within 300 s (its first answer waits for its imports)")
             if not self._pids:
                 raise RuntimeError(f"the launcher exited with {self.proc.returncode}")
             return LaunchedProcess(self, self._pids.pop(0), argv)
@@ -143,6 +164,43 @@ class Launcher:
             self.proc.wait()
 
 
+def run(
+    argv: list[str], env: Mapping[str, str], stdin: str | None, timeout: float, cwd: Path | None = None
+) -> tuple[int, str, str]:
+    """`subprocess.run(argv, env, input=stdin, capture_output=True, text=True, timeout, cwd)` for a
+    command the launcher may fork (`launcher().can_fork`): returncode, stdout, stderr."""
+    pipes = [os.pipe() for _ in range(3)]
+    proc = launcher().spawn(argv, env, stdio=(pipes[0][0], pipes[1][1], pipes[2][1]), cwd=cwd)
+    for fd in (pipes[0][0], pipes[1][1], pipes[2][1]):
+        os.close(fd)
+    out: dict[int, bytes] = {}
+
+    def feed() -> None:
+        with contextlib.suppress(BrokenPipeError), os.fdopen(pipes[0][1], "wb") as w:
+            w.write((stdin or "").encode())
+
+    def drain(i: int) -> None:
+        with os.fdopen(pipes[i][0], "rb") as r:
+            out[i] = r.read()
+
+    threads = [threading.Thread(target=feed, daemon=True)]
+    threads += [threading.Thread(target=drain, args=(i,), daemon=True) for i in (1, 2)]
+    for t in threads:
+        t.start()
+    try:
+        code = proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    for t in threads:
+        t.join(timeout)
+
+    def text(data: bytes) -> str:  # as `text=True` reads it: the locale's encoding, newlines translated
+        return io.TextIOWrapper(io.BytesIO(data), encoding=locale.getpreferredencoding(False)).read()
+
+    return code, text(out.get(1, b"")), text(out.get(2, b""))
+
+
 _launcher: Launcher | None = None
 _launcher_lock = threading.Lock()
 
@@ -161,24 +219,50 @@ def launcher() -> Launcher:
 
 
 def _preload() -> None:
-    """What an `agents worker` imports from other projects (none of it reads AGENTS_*)."""
+    """What an `agents worker` imports from other projects, imported here once: a probe child (then
+    thrown away) starts a worker's imports and warms litellm up as a steps process does, and lists
+    the modules that are not celery_agents' (those read AGENTS_* when imported: each worker
+    imports them afresh, in a fraction of a second)."""
     os.environ.setdefault("LITELLM_LOG", "ERROR")  # as celery_agents.llm.adapter.ensure_litellm
-    import celery.apps.worker
-    import celery.concurrency.prefork
-    import celery.concurrency.thread
-    import httpx
-    import kombu.transport.redis
-    import litellm
-    import pydantic
-    import redis
-    import typer
-
-    del celery, httpx, kombu, litellm, pydantic, redis, typer
+    for name in _probe():
+        with contextlib.suppress(Exception):
+            importlib.import_module(name)
     gc.collect()
     gc.freeze()  # a worker's collections leave these pages shared (as in tasks/supervisor.py)
 
 
-def _serve() -> None:
+def _probe() -> list[str]:
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(read)
+            import celery.apps.worker
+            import celery.concurrency.prefork
+            import celery.concurrency.thread
+
+            import celery_agents.cli.main
+            import celery_agents.tasks.celery_app
+            import celery_agents.tasks.supervisor
+            from celery_agents.llm.adapter import warm_up
+            from celery_agents.model import build_schemas
+
+            del celery, celery_agents
+            warm_up()
+            build_schemas()
+            names = [m for m in sys.modules if m.split(".")[0] not in ("celery_agents", "tests", "__main__")]
+            with os.fdopen(write, "w") as out:
+                json.dump(names, out)
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as found:
+        text = found.read()
+    os.waitpid(pid, 0)
+    return list(json.loads(text)) if text else []
+
+
+def _serve(fds: socket.socket) -> None:
     _preload()
     requests, replies = sys.stdin.fileno(), sys.stdout.fileno()
     wake_r, wake_w = os.pipe()
@@ -201,9 +285,12 @@ def _serve() -> None:
         *lines, buf = buf.split(b"\n")
         for line in lines:
             request = json.loads(line)
+            stdio = socket.recv_fds(fds, 1, 3)[1] if request["stdio"] else []
             pid = os.fork()
             if pid == 0:
-                _worker(request, (requests, replies, wake_r, wake_w))
+                _child(request, stdio, (requests, replies, wake_r, wake_w, fds.fileno()))
+            for fd in stdio:
+                os.close(fd)
             children.add(pid)
             os.write(replies, f"pid {pid}\n".encode())
 
@@ -220,23 +307,28 @@ def _reap(children: set[int], replies: int) -> None:
         os.write(replies, f"exit {pid} {os.waitstatus_to_exitcode(status)}\n".encode())
 
 
-def _worker(request: dict[str, Any], launcher_fds: tuple[int, ...]) -> None:
-    """In the forked child: become the worker process `Popen(argv, env, start_new_session)` makes."""
+def _child(request: dict[str, Any], stdio: list[int], launcher_fds: tuple[int, ...]) -> None:
+    """In the forked child: become the process `Popen(argv, env, ...)` makes. A worker (no
+    `stdio`) starts a session of its own and writes to its log; a command gets the caller's pipes."""
     code: int | str | None = 1
     try:
-        os.setsid()
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        out = os.open(request["log"] or os.devnull, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(out, 1)
-        os.dup2(out, 2)
-        for fd in (out, null, *launcher_fds):
+        if stdio:
+            std = stdio
+        else:
+            os.setsid()
+            out = os.open(request["log"] or os.devnull, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            std = [os.open(os.devnull, os.O_RDONLY), out, out]
+        for target, fd in enumerate(std):
+            os.dup2(fd, target)
+        for fd in {*std, *launcher_fds}:
             if fd > 2:
                 os.close(fd)
         os.environ.clear()
         os.environ.update(request["env"])
+        if request["cwd"]:
+            os.chdir(request["cwd"])
         sys.argv = [MODULE, *request["argv"][3:]]
         runpy.run_module(MODULE, run_name="__main__", alter_sys=True)
         code = 0
@@ -266,4 +358,4 @@ def _exit(code: int | str | None) -> None:
 
 
 if __name__ == "__main__":
-    _serve()
+    _serve(socket.socket(fileno=int(sys.argv[1])))

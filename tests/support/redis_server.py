@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import socket
 import subprocess
 import time
 from pathlib import Path
 
 import redis
+
+from celery_agents.store.embedded import redis_server_binary
 
 
 def free_port() -> int:
@@ -34,7 +35,7 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> RedisServer:
-        binary = shutil.which("redis-server") or "/usr/bin/redis-server"
+        binary = redis_server_binary(("path", "system"))
         self.dir.mkdir(parents=True, exist_ok=True)
         args = [
             binary,

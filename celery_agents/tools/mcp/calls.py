@@ -18,6 +18,7 @@ from celery_agents.scheduler.ports import CallOutcome
 from celery_agents.tools.mcp.pool import McpCallError, Target, pool
 from celery_agents.tools.mcp.results import outcome_of_result
 from celery_agents.tools.mcp.servers import target_for
+from celery_agents.tools.process import ProcessResult
 from celery_agents.tools.sandbox import Sandbox, SandboxRun, python_install, python_paths
 
 #: what the one-shot client runs in the sandbox (`python -I -B -c ONESHOT_BOOTSTRAP`, request on stdin)
@@ -111,8 +112,11 @@ def _isolated(
         readable=[*python_install(), *([target.cwd] if target.cwd else [])],
         needs=[sys.executable, *paths, *_program_paths(list(target.argv))],
     )
-    proc = run.process
-    cap = limits.output_bytes or 1_000_000
+    return _answered(run.process, target, network, limits, timeout), run
+
+
+def _answered(proc: ProcessResult, target: Target, network: bool, limits: Limits, timeout: float) -> CallOutcome:
+    """The one-shot client's answer on stdout (a result or an error), else why there is none."""
     try:
         answer = json.loads(proc.stdout.decode(errors="replace"))
     except json.JSONDecodeError:
@@ -121,18 +125,17 @@ def _isolated(
         text = str(answer["error"])
         if target.url is not None and not network:
             text += ' (a runIsolated call has no network unless its rule or server entry says "network": true)'
-        err = McpCallError(text, timed_out=bool(answer.get("timed_out")))
-        return failed(err, proc.duration_ms), run
+        return failed(McpCallError(text, timed_out=bool(answer.get("timed_out"))), proc.duration_ms)
     if isinstance(answer, dict) and isinstance(answer.get("result"), dict):
-        return outcome_of_result(answer["result"], cap, proc.duration_ms), run
+        return outcome_of_result(answer["result"], limits.output_bytes or 1_000_000, proc.duration_ms)
     from celery_agents.tools.command import outcome_of
 
     outcome = outcome_of(proc, timeout=timeout, limits=limits)
-    if outcome.state == "completed":
-        tail = proc.stderr.decode(errors="replace").strip()[-2000:]
-        outcome = CallOutcome(
-            state="failed",
-            error="the sandboxed MCP client gave no answer" + (f": {tail}" if tail else ""),
-            duration_ms=proc.duration_ms,
-        )
-    return outcome, run
+    if outcome.state != "completed":
+        return outcome
+    tail = proc.stderr.decode(errors="replace").strip()[-2000:]
+    return CallOutcome(
+        state="failed",
+        error="the sandboxed MCP client gave no answer" + (f": {tail}" if tail else ""),
+        duration_ms=proc.duration_ms,
+    )
