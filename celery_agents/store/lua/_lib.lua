@@ -132,25 +132,34 @@ local function finish_call(field, outcome, event_kind, event_data)
   return {remaining, woken, tonumber(m[4])}
 end
 
+-- The session header as read by HGETALL (`flat`) and as a table by field.
+local function read_meta()
+  local flat = redis.call('HGETALL', K.meta)
+  local meta = {}
+  for i = 1, #flat, 2 do meta[flat[i]] = flat[i + 1] end
+  return flat, meta
+end
+
 -- What a step reads: {meta (flat), turns from index `from`, newest batch's calls and outcomes,
--- lease holder, journal (flat), queued user messages}.
-local function load_payload(from)
-  local meta = redis.call('HGETALL', K.meta)
+-- lease holder, journal (flat), queued user messages}. A caller that has just read the header
+-- (`read_meta`) and the lease passes them, so that they are not read again.
+local function load_payload(from, flat, meta, lease)
+  if not flat then flat, meta = read_meta() end
   local turns = redis.call('LRANGE', K.turns, from, -1)
-  local batch = redis.call('HMGET', K.meta, 'batch', 'batch_size')
   local calls, results = {}, {}
-  if batch[1] and batch[2] and tonumber(batch[2]) > 0 then
+  if meta.batch and meta.batch_size and tonumber(meta.batch_size) > 0 then
     -- In slices: Lua's unpack takes a few thousand values at most, and a model may ask for more
     -- calls than that in one response.
-    local size = tonumber(batch[2])
+    local size = tonumber(meta.batch_size)
     for first = 0, size - 1, 1000 do
       local fields = {}
-      for p = first, math.min(first + 999, size - 1) do fields[#fields + 1] = batch[1] .. ':' .. p end
+      for p = first, math.min(first + 999, size - 1) do fields[#fields + 1] = meta.batch .. ':' .. p end
       for _, v in ipairs(redis.call('HMGET', K.calls, unpack(fields))) do calls[#calls + 1] = v end
       for _, v in ipairs(redis.call('HMGET', K.results, unpack(fields))) do results[#results + 1] = v end
     end
   end
-  return {meta, turns, calls, results, redis.call('GET', K.lease) or '', redis.call('HGETALL', K.journal),
+  if lease == nil then lease = redis.call('GET', K.lease) or '' end
+  return {flat, turns, calls, results, lease, redis.call('HGETALL', K.journal),
     redis.call('LRANGE', K.inbox, 0, -1)}
 end
 

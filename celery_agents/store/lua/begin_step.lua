@@ -2,16 +2,19 @@
 -- ARGV[4] = expected version, ARGV[5] = lease owner, ARGV[6] = lease ms, ARGV[7] = request id,
 -- ARGV[8] = index of the first turn the caller does not have. On success returns {'ok', payload,
 -- Redis's time in ms} (the step stamps its times from that clock, not its host's).
-local m = redis.call('HMGET', K.meta, 'version', 'status')
-if not m[1] then return {'missing'} end
+-- The header is read once (HGETALL) and serves the checks, the events and the payload.
+local flat, meta = read_meta()
+if not meta.version then return {'missing'} end
+set_version(meta.version)
 local req = ARGV[7]
-if m[2] ~= 'active' then
-  emit('step_skipped', cjson.encode({reason = m[2], request = req, at_version = tonumber(ARGV[4])}))
-  return {'ended', m[2]}
+local status = meta.status or false
+if status ~= 'active' then
+  emit('step_skipped', cjson.encode({reason = status, request = req, at_version = tonumber(ARGV[4])}))
+  return {'ended', status}
 end
-if m[1] ~= ARGV[4] then
+if meta.version ~= ARGV[4] then
   emit('step_skipped', cjson.encode({reason = 'stale', request = req, at_version = tonumber(ARGV[4])}))
-  return {'stale', m[1]}
+  return {'stale', meta.version}
 end
 local holder = redis.call('GET', K.lease)
 if holder and holder ~= ARGV[5] then
@@ -20,6 +23,14 @@ if holder and holder ~= ARGV[5] then
 end
 redis.call('SET', K.lease, ARGV[5], 'PX', ARGV[6])
 -- Picked up: if this lease lapses without a commit, the step's worker died.
-redis.call('HSET', K.meta, 'picked', m[1])
+redis.call('HSET', K.meta, 'picked', meta.version)
+if meta.picked == nil then
+  flat[#flat + 1] = 'picked'
+  flat[#flat + 1] = meta.version
+else
+  for i = 1, #flat, 2 do
+    if flat[i] == 'picked' then flat[i + 1] = meta.version end
+  end
+end
 emit('step_started', cjson.encode({request = req, owner = ARGV[5]}))
-return {'ok', load_payload(tonumber(ARGV[8])), NOW_MS}
+return {'ok', load_payload(tonumber(ARGV[8]), flat, meta, ARGV[5]), NOW_MS}

@@ -10,7 +10,8 @@
 -- ARGV[5..] = n_turns turn JSONs, then one call JSON per field of c.calls.
 -- KEYS[NKEYS+1..] = one key per token, in the order of c.tokens.
 local c = cjson.decode(ARGV[4])
-local m = redis.call('HMGET', K.meta, 'version', 'status')
+-- One read of the header and one write of it: a step's commands do not grow with what it adds.
+local m = redis.call('HMGET', K.meta, 'version', 'status', 'turn_count', 'steps', 'state', 'drive', 'owed_version')
 if not m[1] then return {'missing'} end
 if m[1] ~= c.version then return {'stale', m[1]} end
 if m[2] ~= 'active' then return {'ended', m[2]} end
@@ -28,48 +29,78 @@ if c.meta.status == 'completed' and redis.call('LLEN', K.inbox) > 0 then
   end
   c.events = kept
 end
-for i = 1, c.n_turns do
-  redis.call('RPUSH', K.turns, ARGV[4 + i])
+-- Variadic writes in slices: Lua's unpack takes a few thousand values at most.
+local function in_slices(cmd, key, values)
+  for first = 1, #values, 1000 do
+    redis.call(cmd, key, unpack(values, first, math.min(first + 999, #values)))
+  end
 end
+local turns = {}
+for i = 1, c.n_turns do turns[i] = ARGV[4 + i] end
+in_slices('RPUSH', K.turns, turns)
+local call_fields = {}
 for j, field in ipairs(c.calls) do
-  redis.call('HSET', K.calls, field, ARGV[4 + c.n_turns + j])
+  call_fields[#call_fields + 1] = field
+  call_fields[#call_fields + 1] = ARGV[4 + c.n_turns + j]
 end
+in_slices('HSET', K.calls, call_fields)
+local members, scored = {}, {}
 for _, p in ipairs(c.pending) do
-  redis.call('SADD', K.pending, p[1])
-  redis.call('ZADD', K.pending_all, p[2], SID .. ' ' .. p[1])
+  members[#members + 1] = p[1]
+  scored[#scored + 1] = p[2]
+  scored[#scored + 1] = SID .. ' ' .. p[1]
 end
+in_slices('SADD', K.pending, members)
+in_slices('ZADD', K.pending_all, scored)
+local dispatched = {}
 for _, field in ipairs(c.dispatched) do
-  redis.call('ZADD', K.dispatched, NOW_MS, SID .. ' ' .. field)
+  dispatched[#dispatched + 1] = NOW_MS
+  dispatched[#dispatched + 1] = SID .. ' ' .. field
 end
+in_slices('ZADD', K.dispatched, dispatched)
 for j, t in ipairs(c.tokens) do
   redis.call('HSET', KEYS[NKEYS + j], 'session_id', SID, 'field', t[1], 'state', 'pending',
     'expires_ms', t[2], 'call_id', t[3], 'tool', t[4], 'digest', t[5], 'reason', t[6], 'created_at', NOW,
     'child', t[7])
   redis.call('ZADD', K.deadlines, t[2], SID .. ' ' .. t[1])
 end
-local version = redis.call('HINCRBY', K.meta, 'version', 1)
+local version = tonumber(m[1]) + 1
 set_version(version)
-redis.call('HINCRBY', K.meta, 'turn_count', c.n_turns)
-redis.call('HINCRBY', K.meta, 'steps', c.steps_inc)
-local fields = {}
+local fields = {
+  'version', version,
+  'turn_count', tonumber(m[3] or '0') + c.n_turns,
+  'steps', tonumber(m[4] or '0') + c.steps_inc,
+}
 for name, text in pairs(c.meta) do
   fields[#fields + 1] = name
   fields[#fields + 1] = text
 end
+if c.batch >= 0 then
+  for _, v in ipairs({'batch', c.batch, 'batch_size', c.batch_size}) do fields[#fields + 1] = v end
+end
+-- The new state, its index and the updated time (`set_state`, with the old state read above).
+for _, v in ipairs({'updated_at', NOW, 'state', c.state}) do fields[#fields + 1] = v end
+-- The drive is read now, not when the step began: a pause during the step must hold.
+local owed = 0
+if c.owe and m[6] == 'auto' then
+  -- `owe` in this same write: `picked` (the old version) already differs from the new one.
+  owed = 1
+  fields[#fields + 1] = 'owed_version'
+  fields[#fields + 1] = version
+end
 redis.call('HSET', K.meta, unpack(fields))
-if c.batch >= 0 then redis.call('HSET', K.meta, 'batch', c.batch, 'batch_size', c.batch_size) end
-set_state(c.state)
+local old = m[5]
+if old and old ~= c.state and STATE_KEYS[old] then redis.call('ZREM', STATE_KEYS[old], SID) end
+redis.call('ZADD', K.sessions, NOW_MS, SID)
+if STATE_KEYS[c.state] then redis.call('ZADD', STATE_KEYS[c.state], NOW_MS, SID) end
 for _, e in ipairs(c.events) do emit(e[1], e[2]) end
 emit('step_committed', cjson.encode({from_version = tonumber(c.version), request = c.request,
   kind = c.kind, head = c.meta.head, state = c.state}))
-redis.call('DEL', K.journal)
-redis.call('DEL', K.lease)
--- The drive is read now, not when the step began: a pause during the step must hold.
-local owed = 0
-if c.owe and redis.call('HGET', K.meta, 'drive') == 'auto' then
-  owe()
-  owed = 1
-else
+redis.call('DEL', K.journal, K.lease)
+if owed == 1 then
+  redis.call('ZADD', K.owed, NOW_MS, SID)
+elseif m[7] then
+  -- `owe` sets `owed_version` with the index entry, `unowe` removes both: without it, nothing to undo.
   unowe()
 end
 return {'ok', version, owed}
