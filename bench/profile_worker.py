@@ -31,9 +31,9 @@ BUCKETS = [
     ("  run_step", "run_step (celery_agents/runtime/step.py"),
     ("    litellm.completion", "completion (litellm/"),
     ("      litellm cost calculation", "response_cost_calculator"),
-    ("    Store.begin_step", "begin_step (celery_agents/store/store.py"),
-    ("    Store.commit", "commit (celery_agents/store/store.py"),
-    ("    Store.journal_put", "journal_put (celery_agents/store/store.py"),
+    ("    StepStore.begin_step", "begin_step (celery_agents/store/steps.py"),
+    ("    StepStore.commit", "commit (celery_agents/store/steps.py"),
+    ("    StepStore.journal_put", "journal_put (celery_agents/store/steps.py"),
     ("    LeaseKeeper (thread start/join)", "(celery_agents/runtime/lease.py"),
     ("    build_messages", "build_messages (celery_agents/scheduler/messages.py"),
     ("    pydantic (anywhere in the step)", "pydantic"),
@@ -42,6 +42,10 @@ BUCKETS = [
     ("kombu/celery outside the task", "kombu/"),
     ("idle (waiting on the pool pipe / select)", "select"),
 ]
+
+# a sample is in the pool if one of its frames is one of these: the threads pool's workers (what
+# `agents worker` runs steps in) or a prefork pool process
+POOL_FRAMES = ("(concurrent/futures/thread.py", "(celery/concurrency/asynpool.py", "(billiard/pool.py")
 
 
 def main() -> int:
@@ -109,11 +113,9 @@ def report(raw: Path) -> None:
         if not count.isdigit():
             continue
         n = int(count)
-        # only the pool processes' main threads: where steps run
-        if "process " not in stack.split(";")[0] and "MainThread" not in stack:
-            continue
+        # only where steps run: the pool's threads (threads pool) or its processes (prefork)
         frames = stack.split(";")
-        if not any("(celery/concurrency/asynpool.py" in f or "(billiard/pool.py" in f for f in frames):
+        if not any(any(pool in f for pool in POOL_FRAMES) for f in frames):
             continue
         total += n
         per_thread[frames[0]] += n
