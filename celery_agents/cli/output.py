@@ -118,6 +118,10 @@ def render_view(view: SessionView, console: Console | None = None, answer: bool 
         f"session [bold]{view.session_id}[/] ({escape(view.agent)})  state {state_text(view.state.value)}"
         f"  head {view.head or '-'}  version {view.version}  steps {view.steps}  drive {view.drive}"
     )
+    if view.parent:
+        console.print(f"  parent {view.parent}")
+    if view.children:
+        console.print(f"  children {' '.join(view.children)}")
     if view.pending:
         render_pending(view.pending, console)
     if view.error:

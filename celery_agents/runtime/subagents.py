@@ -5,7 +5,8 @@ A call's child has an id derived from the call (`child_session_id`), so starting
 a crash or a redelivery finds the same session instead of making a second. The parent's call
 stays dispatched until the child's end is recorded into it: the worker that commits the child's
 last step records it at once (`settle_parent`); if that worker dies first, the sweeper publishes
-the call again and its next run finds the child ended and records it (`run_child_call`).
+the call again (after AGENTS_LOST_GRACE) and its next run finds the child ended and records it
+(`run_child_call`).
 """
 
 from __future__ import annotations
@@ -45,8 +46,19 @@ def run_child_call(store: Store, session_id: str, call: TrackedCall, agent: Agen
             # before this one was listed, so it is cancelled here.
             store.cancel(child)
             return ChildRun(child)
+        _recheck_later(store, session_id, call)
         return ChildRun(child, started=True, version=1)
-    return ChildRun(child, finished=settle_parent(store, store.header(child)))
+    finished = settle_parent(store, store.header(child))
+    if finished is None:
+        _recheck_later(store, session_id, call)
+    return ChildRun(child, finished=finished)
+
+
+def _recheck_later(store: Store, session_id: str, call: TrackedCall) -> None:
+    """The child carries the call on and its end records it at once: the sweeper publishes the
+    call again only after AGENTS_LOST_GRACE (a worker that died between the child's end and that
+    record), not every AGENTS_OWED_GRACE for as long as the child runs or waits on a person."""
+    store.recheck_call_later(session_id, call.field, store.settings.lost_grace)
 
 
 def child_outcome(child: SessionHeader) -> str | None:

@@ -46,6 +46,13 @@ class CallLedger:
             return None
         return CallToRun(TrackedCall.model_validate_json(raw), bool(is_pending), agent_hash, status)
 
+    def recheck_call_later(self, session_id: str, field: str, seconds: float) -> None:
+        """A dispatched call whose work another session carries on (a sub-agent's child): the
+        sweeper looks at it again after `seconds` (Redis time), not at every sweep."""
+        sec, usec = self.client.time()
+        due_ms = int((sec + usec / 1_000_000 + seconds) * 1000)
+        self.client.zadd(self.keys.dispatched, {f"{session_id} {field}": due_ms}, xx=True)
+
     def call_lock(self, session_id: str, field: str) -> Lock:
         """The call's lease: held by the one worker running it, renewed while it runs."""
         key = self.keys.call_lease(session_id, field)

@@ -136,14 +136,11 @@ def cancel_session(session_id: str, request: Request) -> dict[str, Any]:
 @router.post("/sessions/{session_id}/messages")
 def send_message(session_id: str, body: MessageBody, request: Request) -> dict[str, Any]:
     """Append a user message (a completed session continues the conversation)."""
-    client = client_of(request)
-    send = getattr(client, "send", None)
-    if send is None:
-        raise InvalidInput("follow-up messages are not available in this version of celery-agents")
-    kwargs: dict[str, Any] = {"step": body.run == "step", "run": body.run == "until_blocked"}
-    if body.run != "none":
-        kwargs.update(wait=body.wait, timeout=body.timeout)
-    return _view(send(session_id, body.prompt, **kwargs))
+    run = body.run
+    view = client_of(request).send(
+        session_id, body.prompt, step=run == "step", run=run == "until_blocked", wait=body.wait, timeout=body.timeout
+    )
+    return _view(view)
 
 
 @router.get("/pending")

@@ -57,14 +57,15 @@ def test_sigkill_along_a_sub_agent_call(
         {"slug": "boss", "model": f"openai/{parent_model}", "apiBase": llm_server.url, "subAgents": ["helper.json"]},
         "boss.json",
     )
-    doomed = fleet.start(AGENTS_FAULT_PAUSE=point)
+    # A running child's call is looked at again after the lost grace: short here, as recovery is the point.
+    doomed = fleet.start(AGENTS_FAULT_PAUSE=point, AGENTS_LOST_GRACE="3")
     with Client(chaos_settings, inline=False) as client:
         store = client.store
         sid = client.start(path, "go", run=True, wait=False).session_id
         wait_for(lambda: store.client.get(store.keys.fault(point)), timeout=60, what=f"checkpoint {point}")
         killed_at = time.monotonic()
         doomed.kill()
-        fleet.start()
+        fleet.start(AGENTS_LOST_GRACE="3")
         wait_for(lambda: store.header(sid).status.value != "active", timeout=120, what="a fresh worker to finish")
         recovery = time.monotonic() - killed_at
         tree = check_tree(store, sid)

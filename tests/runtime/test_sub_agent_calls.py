@@ -72,3 +72,13 @@ def test_a_child_made_while_its_parent_is_cancelled_is_cancelled_too(store: Stor
     assert ran.child is None, "no first step is published for it"
     [child] = store.children(sid)
     assert store.header(child).state == State.CANCELLED
+
+
+def test_a_call_whose_child_goes_on_is_looked_at_again_only_after_the_lost_grace(store: Store) -> None:
+    sid, field = delegating(store)
+    assert run_call(store, sid, field, RecordingTools(), "t").child is not None
+    now = store.server_time()
+    settings = store.settings
+    assert store.dispatched_due(now + settings.owed_grace) == [], "not republished at every sweep"
+    due = store.dispatched_due(now + settings.lost_grace + 1)
+    assert [(d.session_id, d.field) for d in due] == [(sid, field)], "but still recovered in the end"

@@ -170,7 +170,8 @@ def run(
     """`subprocess.run(argv, env, input=stdin, capture_output=True, text=True, timeout, cwd)` for a
     command the launcher may fork (`launcher().can_fork`): returncode, stdout, stderr."""
     pipes = [os.pipe() for _ in range(3)]
-    proc = launcher().spawn(argv, env, stdio=(pipes[0][0], pipes[1][1], pipes[2][1]), cwd=cwd)
+    # In our working directory when no other is given, as a child of ours would be.
+    proc = launcher().spawn(argv, env, stdio=(pipes[0][0], pipes[1][1], pipes[2][1]), cwd=cwd or Path.cwd())
     for fd in (pipes[0][0], pipes[1][1], pipes[2][1]):
         os.close(fd)
     out: dict[int, bytes] = {}

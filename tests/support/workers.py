@@ -88,7 +88,7 @@ class Worker:
 
     def start(self) -> Worker:
         if self.fork and launcher().can_fork(self.args, self.env):
-            self.proc = launcher().spawn(self.args, self.env, self.log)
+            self.proc = launcher().spawn(self.args, self.env, self.log, cwd=Path.cwd())
             return self
         out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115 - held by the child
         self.proc = subprocess.Popen(

@@ -3,13 +3,14 @@ the contract's error codes as statuses, Server-Sent Events with Last-Event-ID re
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.support.llm_server import LlmServer, text
+from tests.support.llm_server import LlmServer, calls, text
 from tests.support.serve import Serve
 from tests.web.conftest import LIMIT_BYTES, blocked, one_approval, read_events, serve_env, started
 
@@ -148,10 +149,6 @@ def test_metrics_count_sessions_by_state_from_the_indexes(api: httpx.Client, llm
 
 
 def test_a_message_continues_a_completed_session(api: httpx.Client, llm_server: LlmServer) -> None:
-    from celery_agents import Client
-
-    if not hasattr(Client, "send"):
-        pytest.skip("Client.send (follow-up messages) is not in this tree yet")
     agent = one_approval(llm_server)
     agent["model"] = f"openai/{llm_server.scenario([text('first'), text('second')])}"
     sid = started(api, agent, run="until_blocked", wait=True, timeout=60)["session_id"]
@@ -161,12 +158,15 @@ def test_a_message_continues_a_completed_session(api: httpx.Client, llm_server: 
 
 
 def test_a_message_to_an_unknown_session_is_404(api: httpx.Client) -> None:
-    from celery_agents import Client
-
-    if not hasattr(Client, "send"):
-        pytest.skip("Client.send (follow-up messages) is not in this tree yet")
     missing = api.post("/v1/sessions/0123456789abcdef0123456789abcdef/messages", json={"prompt": "hi"})
     assert error_of(missing, 404) == "unknown_session"
+
+
+def test_a_message_to_a_cancelled_session_is_409(api: httpx.Client, llm_server: LlmServer) -> None:
+    sid = started(api, one_approval(llm_server))["session_id"]
+    api.post(f"/v1/sessions/{sid}/cancel")
+    refused = api.post(f"/v1/sessions/{sid}/messages", json={"prompt": "still there?"})
+    assert error_of(refused, 409) == "session_not_advanceable"
 
 
 def test_every_request_needs_the_token(server: Serve, api_token: str) -> None:
@@ -251,3 +251,30 @@ def test_a_wait_that_runs_out_is_504_and_the_work_goes_on(api: httpx.Client, llm
     timed_out = api.post(f"/v1/sessions/{sid}/step", params={"wait": "true", "timeout": 0.2})
     assert error_of(timed_out, 504) == "wait_timeout"
     assert read_events(api, sid, until="completed")[-1]["type"] == "completed"
+
+
+def test_a_childs_deferred_call_is_approved_on_the_page_and_its_parent_finishes(
+    api: httpx.Client, llm_server: LlmServer, tmp_path: Path
+) -> None:
+    helper = one_approval(llm_server, answer="Paris", slug="helper")
+    (tmp_path / "helper.json").write_text(json.dumps(helper))
+    boss_model = llm_server.scenario(
+        [calls(("prompt_agent_helper", {"prompt": "the capital of France?"})), text("The helper said Paris")]
+    )
+    boss = {"slug": "boss", "model": f"openai/{boss_model}", "apiBase": llm_server.url, "subAgents": ["helper.json"]}
+    parent = blocked(api, {**boss, "baseDir": str(tmp_path)}, "ask the helper")
+    (child,) = parent["children"]
+    (call,) = [p for p in api.get(f"/v1/sessions/{parent['session_id']}/pending").json()["pending"] if p["token"]]
+    assert (call["session_id"], call["tool"]) == (child, "approve")
+
+    page = api.get(f"/sessions/{parent['session_id']}", headers={"Accept": "text/html"}).text
+    assert f'href="/sessions/{child}"' in page, "the parent's page links its child"
+    child_page = api.get(f"/sessions/{child}", headers={"Accept": "text/html"}).text
+    assert f'href="/sessions/{parent["session_id"]}"' in child_page, "and the child's page its parent"
+    csrf = re.search(r'name="csrf" value="([^"]+)"', child_page)
+    assert csrf
+    form = {"csrf": csrf.group(1), "token": call["token"], "result": "", "back": f"/sessions/{child}"}
+    assert api.post("/approve", data=form).headers["location"] == f"/sessions/{child}?done=approved"
+
+    read_events(api, parent["session_id"], until="completed")
+    assert api.get(f"/v1/sessions/{parent['session_id']}").json()["response"] == "The helper said Paris"
