@@ -16,7 +16,7 @@ import time
 import urllib.request
 from typing import Any
 
-from bench.processes import Processes, agents_env, tree_rss_mb, wait_heartbeat
+from bench.processes import Processes, agents_env, tree_pss_mb, tree_rss_mb, wait_heartbeat
 
 DELAY_S = 1.0
 
@@ -38,16 +38,17 @@ def slow_agent(url: str) -> dict[str, Any]:
 
 
 class PeakRss:
-    """The largest resident memory of a process tree, sampled on a thread."""
+    """The largest resident memory of a process tree (summed RSS, and PSS), sampled on a thread."""
 
     def __init__(self, pid: int) -> None:
-        self.pid, self.peak = pid, 0.0
+        self.pid, self.peak, self.peak_pss = pid, 0.0, 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def _loop(self) -> None:
         while not self._stop.wait(0.2):
             self.peak = max(self.peak, tree_rss_mb(self.pid))
+            self.peak_pss = max(self.peak_pss, tree_pss_mb(self.pid))
 
     def __enter__(self) -> PeakRss:
         self._thread.start()
@@ -101,6 +102,7 @@ def bench_slow_model(procs: Processes, url: str, prefix: str, step_processes: in
         "slow_model_wall_s": round(wall, 3),
         "slow_model_steps_per_s": 3 * n / wall,
         "slow_model_peak_rss_mb": round(rss.peak, 1),
+        "slow_model_peak_pss_mb": round(rss.peak_pss, 1),
         "slow_model_max_in_flight": stats["max_in_flight"],
         "slow_model_requests": stats["answered"],
         "slow_model_delay_s": DELAY_S,

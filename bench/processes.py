@@ -229,6 +229,20 @@ def tree_rss_mb(pid: int) -> float:
     return total_kb / 1024
 
 
+def tree_pss_mb(pid: int) -> float:
+    """Proportional memory of a process and its descendants (MB): a page shared by k processes
+    counts 1/k in each, so pages a forked worker shares with the process it was forked from
+    count once — what the tree really costs the machine."""
+    total_kb = 0
+    for p in tree_pids(pid):
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{p}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total_kb += int(line.split()[1])
+                    break
+    return total_kb / 1024
+
+
 def _stat(pid: int) -> list[str] | None:
     try:
         raw = Path(f"/proc/{pid}/stat").read_text()
