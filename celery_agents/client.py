@@ -178,8 +178,11 @@ class Client:
         self.catch_up()
         if session_id is None:
             return self.store.pending_view(None, limit=limit)
-        tree = self.store.tree(session_id)
-        return [p for sid in tree for p in self.store.pending_view(sid, limit=limit)][:limit]
+        out = self.store.pending_view(session_id, limit=limit)
+        for child in self.store.tree(session_id)[1:]:
+            with contextlib.suppress(UnknownSession):  # not made yet, or deleted before its parent
+                out += self.store.pending_view(child, limit=limit)
+        return out[:limit]
 
     def events(self, session_id: str, *, follow: bool = False, after: str = "0-0") -> Iterator[dict[str, Any]]:
         store = self.store

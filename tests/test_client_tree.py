@@ -85,3 +85,12 @@ def test_inline_send_continues_the_conversation(settings: Settings) -> None:
         view = client.start(boss(), "first", run=True)
         assert client.send(view.session_id, "second", run=True).response == "two"
         assert llm.asked[-1] == ("boss", "second")
+
+
+def test_pending_of_a_parent_whose_child_was_deleted_lists_the_parents_calls(settings: Settings) -> None:
+    llm = ByModel(boss=[delegate(), llm_turn(text="boss done")], helper=[llm_turn(text="found it")])
+    with Client(settings, inline=True, llm=llm) as client:
+        view = client.start(boss(), "go", run=True)
+        (child,) = view.children
+        client.delete(child)  # as `session delete` or retention, which reaches a child before its parent
+        assert client.pending(view.session_id) == []

@@ -139,7 +139,7 @@ def settled(store: Store, session_id: str, event: dict[str, Any] | None) -> bool
     if any(c.meta.get("child") for c in pending):
         # Waiting on child sessions: settled when only people's work is left in the tree (a call
         # waiting on a child stands for what the child waits on).
-        pending = [c for sid in store.tree(session_id) for c in store.pending_calls(sid)]
+        pending = store.tree_pending_calls(session_id)
         pending = [c for c in pending if c.state == CallState.DEFERRED or not c.meta.get("child")]
     return bool(pending) and all(c.state == CallState.DEFERRED for c in pending)
 

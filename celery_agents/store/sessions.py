@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from typing import cast
 
 from celery_agents.errors import InvalidInput, SessionNotAdvanceable, UnknownSession
-from celery_agents.model import AgentSpec, CallState, SessionHeader, UserQuery, UserTurn
+from celery_agents.model import AgentSpec, CallState, SessionHeader, TrackedCall, UserQuery, UserTurn
 from celery_agents.store.codec import outcome_json, turn_digest
 from celery_agents.store.core import StoreCore
 from celery_agents.store.header import header_from_hash, header_to_hash
@@ -92,6 +93,15 @@ class SessionStore(StoreCore):
             sid = todo.pop(0)
             out.append(sid)
             todo += self.children(sid)
+        return out
+
+    def tree_pending_calls(self, session_id: str) -> list[TrackedCall]:
+        """The unfinished calls of the session and of every session below it; a child listed
+        but not made yet (or deleted since, as retention does before its parent) has none."""
+        out = self.pending_calls(session_id)
+        for sid in self.tree(session_id)[1:]:
+            with contextlib.suppress(UnknownSession):
+                out += self.pending_calls(sid)
         return out
 
     def send_message(self, session_id: str, query: UserQuery) -> tuple[int, int]:
