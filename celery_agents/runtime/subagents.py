@@ -34,11 +34,12 @@ def run_child_call(store: Store, session_id: str, call: TrackedCall, agent: Agen
     """Start the call's child session if it does not exist yet; else record its end if it ended."""
     child = str(call.meta["child"])
     sub = agent.sub_agent(call.tool)
-    if sub is None:  # the spec changed under the call: cannot happen for a stored spec, say so anyway
-        body = outcome_json(CallState.FAILED, error=f"no sub-agent for {call.tool}", now=time.time(), attempts=0)
+    prompt = str(call.arguments.get("prompt", "")) if isinstance(call.arguments, dict) else ""
+    refusal = _refusal(store, call, sub is None, prompt)
+    if sub is None or refusal is not None:
+        body = outcome_json(CallState.FAILED, error=refusal, now=time.time(), attempts=0)
         event = {"call_id": call.call_id, "tool": call.tool, "state": CallState.FAILED.value}
         return ChildRun(child, finished=store.record_result(session_id, call.field, body, event))
-    prompt = str(call.arguments.get("prompt", "")) if isinstance(call.arguments, dict) else ""
     if store.start_child(session_id, call.field, child, sub, UserQuery(text=prompt)):
         checkpoint("child_created", store, child)
         if store.header(session_id).status == Status.CANCELLED:
@@ -52,6 +53,17 @@ def run_child_call(store: Store, session_id: str, call: TrackedCall, agent: Agen
     if finished is None:
         _recheck_later(store, session_id, call)
     return ChildRun(child, finished=finished)
+
+
+def _refusal(store: Store, call: TrackedCall, unknown: bool, prompt: str) -> str | None:
+    """Why the call starts no child: the spec changed under it (cannot happen for a stored spec,
+    say so anyway), or the model's prompt is larger than a person may send (AGENTS_MAX_PROMPT_BYTES)."""
+    if unknown:
+        return f"no sub-agent for {call.tool}"
+    size, limit = len(prompt.encode(errors="surrogatepass")), store.settings.max_prompt_bytes
+    if size > limit:
+        return f"the prompt is {size} bytes, more than the limit of {limit} (AGENTS_MAX_PROMPT_BYTES)"
+    return None
 
 
 def _recheck_later(store: Store, session_id: str, call: TrackedCall) -> None:

@@ -5,6 +5,8 @@ parent was being cancelled."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from typing import Any
 
 import pytest
@@ -17,10 +19,10 @@ from tests.scheduler.fakes import RecordingTools, ScriptedLlm, llm_turn
 BOSS = {"slug": "boss", "model": "fake/m", "subAgents": [{"slug": "helper", "model": "fake/m"}]}
 
 
-def delegating(store: Store, drive: str = "auto") -> tuple[str, str]:
+def delegating(store: Store, drive: str = "auto", prompt: str = "help") -> tuple[str, str]:
     """A session whose model delegated once, its call dispatched: (session id, the call's field)."""
     h = store.create_session(parse_agent(BOSS), UserQuery(text="go"), drive=drive)
-    llm = ScriptedLlm(llm_turn(("c1", "prompt_agent_helper", '{"prompt": "help"}')))
+    llm = ScriptedLlm(llm_turn(("c1", "prompt_agent_helper", json.dumps({"prompt": prompt}))))
     run_step(store, h.session_id, 1, llm=llm, tools=RecordingTools(), owner="w")
     [call] = run_step(store, h.session_id, 2, llm=llm, tools=RecordingTools(), owner="w").dispatch
     return h.session_id, call.field
@@ -82,3 +84,13 @@ def test_a_call_whose_child_goes_on_is_looked_at_again_only_after_the_lost_grace
     assert store.dispatched_due(now + settings.owed_grace) == [], "not republished at every sweep"
     due = store.dispatched_due(now + settings.lost_grace + 1)
     assert [(d.session_id, d.field) for d in due] == [(sid, field)], "but still recovered in the end"
+
+
+def test_a_model_cannot_give_a_child_a_prompt_larger_than_a_user_may_send(store: Store) -> None:
+    small = dataclasses.replace(store.settings, max_prompt_bytes=100)
+    limited = Store(store.client, small)
+    sid, field = delegating(limited, prompt="x" * 101)
+    ran = run_call(limited, sid, field, RecordingTools(), "t")
+    assert ran.child is None and limited.children(sid) == []
+    [call] = limited.calls(sid)
+    assert call.state == CallState.FAILED and "AGENTS_MAX_PROMPT_BYTES" in (call.error or "")
