@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from celery_agents.drivers.celery import settled
 from celery_agents.model import CallState, ErrorInfo, State, UserQuery, parse_agent
 from celery_agents.runtime import run_call, run_step
 from celery_agents.store import Store
@@ -94,3 +95,11 @@ def test_a_model_cannot_give_a_child_a_prompt_larger_than_a_user_may_send(store:
     assert ran.child is None and limited.children(sid) == []
     [call] = limited.calls(sid)
     assert call.state == CallState.FAILED and "AGENTS_MAX_PROMPT_BYTES" in (call.error or "")
+
+
+def test_a_driven_parent_whose_child_is_listed_but_not_made_yet_is_not_settled(store: Store) -> None:
+    sid, _ = delegating(store)
+    [call] = store.calls(sid)
+    # start_child lists the child first, then makes it: `agents run` may look in between.
+    store.client.sadd(store.keys.children(sid), str(call.meta["child"]))
+    assert settled(store, sid, None) is False
