@@ -298,15 +298,24 @@ class Client:
 
         session_id = self.resolve(session_id)
         store = self.store
-        store.cancel(session_id)
-        for child in store.tree(session_id)[1:]:
-            with contextlib.suppress(SessionNotAdvanceable, UnknownSession):  # ended, or not made yet
-                store.cancel(child)
+        try:
+            store.cancel(session_id)
+        except SessionNotAdvanceable:
+            # An ended parent can still have a child that goes on (one sent a follow-up): the
+            # cancel reaches the tree all the same, and the parent's own refusal stands.
+            self._cancel_children(session_id)
+            raise
+        self._cancel_children(session_id)
         header = store.header(session_id)
         finished = settle_parent(store, header)
         if finished is not None and finished.woken and header.parent:
             self.driver.wake(header.parent, finished.version)
         return self.view(session_id)
+
+    def _cancel_children(self, session_id: str) -> None:
+        for child in self.store.tree(session_id)[1:]:
+            with contextlib.suppress(SessionNotAdvanceable, UnknownSession):  # ended, or not made yet
+                self.store.cancel(child)
 
     def complete(self, token: str, result: Any, *, error: bool = False, by: str | None = None) -> CompletionOutcome:
         """Complete a deferred call with its result (or, with `error`, its error text)."""

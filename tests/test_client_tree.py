@@ -6,8 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from celery_agents import Client
 from celery_agents.config import Settings
+from celery_agents.errors import SessionNotAdvanceable
 from celery_agents.model import LlmTurn, State, parse_agent
 from celery_agents.scheduler import LlmRequest
 from tests.scheduler.fakes import llm_turn
@@ -93,4 +96,21 @@ def test_pending_of_a_parent_whose_child_was_deleted_lists_the_parents_calls(set
         view = client.start(boss(), "go", run=True)
         (child,) = view.children
         client.delete(child)  # as `session delete` or retention, which reaches a child before its parent
+        assert client.pending(view.session_id) == []
+
+
+def test_cancelling_an_ended_parent_still_cancels_a_child_that_goes_on(settings: Settings) -> None:
+    # A completed parent whose child was sent a follow-up: the child waits on a deferred call.
+    llm = ByModel(
+        boss=[delegate(), llm_turn(text="boss done")],
+        helper=[llm_turn(text="found it"), llm_turn(("a1", "approve", "{}"))],
+    )
+    with Client(settings, inline=True, llm=llm) as client:
+        view = client.start(boss(), "go", run=True)
+        (child,) = view.children
+        assert view.state == State.COMPLETED
+        assert client.send(child, "and check it again", run=True).state == State.WAITING
+        with pytest.raises(SessionNotAdvanceable):  # the parent itself had ended: exit 5, as before
+            client.cancel(view.session_id)
+        assert client.view(child).state == State.CANCELLED
         assert client.pending(view.session_id) == []
