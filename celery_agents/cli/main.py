@@ -52,6 +52,8 @@ TimeoutOpt = Annotated[
     float | None, typer.Option("--timeout", help="Stop waiting after SECONDS (exit 4; the work goes on).", min=0)
 ]
 InlineOpt = Annotated[bool, typer.Option("--inline", help="Run steps in this process instead of on the workers.")]
+StepOpt = Annotated[bool, typer.Option("--step", help="Also run one step.")]
+RunOpt = Annotated[bool, typer.Option("--run", help="Drive it until it completes or waits outside.")]
 AgentOpt = Annotated[Path, typer.Option("--agent-file", "-a", help="The agent file (JSON): model, tools, policy.")]
 PromptOpt = Annotated[list[str] | None, typer.Option("--prompt", "-p", help="Prompt text (repeatable).")]
 FileOpt = Annotated[
@@ -332,8 +334,8 @@ def session_start(
     prompt: PromptOpt = None,
     file: FileOpt = None,
     media: MediaOpt = None,
-    step: Annotated[bool, typer.Option("--step", help="Also run one step.")] = False,
-    run_: Annotated[bool, typer.Option("--run", help="Drive it until it completes or waits outside.")] = False,
+    step: StepOpt = False,
+    run_: RunOpt = False,
     thinking: ThinkingOpt = Thinking.none,
     as_json: JsonOpt = False,
     wait: WaitOpt = True,
@@ -362,8 +364,8 @@ def session_send(
     prompt: PromptOpt = None,
     file: FileOpt = None,
     media: MediaOpt = None,
-    step: Annotated[bool, typer.Option("--step", help="Also run one step.")] = False,
-    run_: Annotated[bool, typer.Option("--run", help="Drive it until it completes or waits outside.")] = False,
+    step: StepOpt = False,
+    run_: RunOpt = False,
     thinking: ThinkingOpt = Thinking.none,
     as_json: JsonOpt = False,
     wait: WaitOpt = True,
