@@ -41,10 +41,9 @@ class EventType(StrEnum):
 #: events after which a session has stopped for good
 FINAL_EVENTS = frozenset({EventType.COMPLETED, EventType.FAILED, EventType.CANCELLED})
 
-#: the first element of a script's reply
-ScriptOutcome = Literal[
-    "ok",
-    # refusals: the script changed nothing (or only added an event)
+#: a script's reply that changed nothing (or only added an event): its `once` does not keep it for
+#: retries (`_lib.lua` REFUSALS)
+Refusal = Literal[
     "missing",
     "unknown",
     "exists",
@@ -61,10 +60,16 @@ ScriptOutcome = Literal[
     "busy",
     # send_message: as many messages wait as may
     "full",
-    # the sweeper's verdicts (sweep_*.lua); all but `republish` change nothing
+    # the sweeper's verdicts (sweep_*.lua) but `republish`
     "settled",
     "running",
     "waiting",
+]
+#: the first element of a script's reply
+ScriptOutcome = Literal[
+    Refusal,
+    "ok",
+    # the sweeper's one verdict that changes something
     "republish",
     # expire_call: the call was final already or its token is gone
     "gone",
@@ -76,29 +81,7 @@ ScriptOutcome = Literal[
     "approved",
 ]
 SCRIPT_OUTCOMES: frozenset[str] = frozenset(get_args(ScriptOutcome))
-#: the outcomes a script's `once` does not keep for retries (`_lib.lua` REFUSALS)
-REFUSALS: frozenset[str] = frozenset(
-    {
-        "missing",
-        "unknown",
-        "exists",
-        "stale",
-        "ended",
-        "lost_lease",
-        "already",
-        "early",
-        "completed",
-        "expired",
-        "cancelled",
-        "active",
-        "changed",
-        "full",
-        "busy",
-        "settled",
-        "running",
-        "waiting",
-    }
-)
+REFUSALS: frozenset[str] = frozenset(get_args(Refusal))
 
 #: what running one step did (`runtime.step.StepResult.outcome`): committed; waiting (calls still
 #: unfinished) or noop (nothing to do); refused before starting: stale, busy, ended, missing; lost
