@@ -22,7 +22,7 @@ from celery_agents.config import Settings
 from celery_agents.errors import AgentsError, InvalidInput
 from celery_agents.web import api, page
 from celery_agents.web.metrics import CONTENT_TYPE, registry_for, render
-from celery_agents.web.security import Credentials, Guard
+from celery_agents.web.security import Credentials, Guard, Throttle
 
 HERE = Path(__file__).parent
 log = logging.getLogger("celery_agents.serve")
@@ -66,7 +66,8 @@ def create_app(settings: Settings | None = None, client: Client | None = None) -
         return Response(render(request.app.state.metrics), media_type=CONTENT_TYPE)
 
     max_body = 6 * max(settings.max_prompt_bytes, settings.max_result_bytes) + _BODY_OVERHEAD
-    return Guard(app, app.state.credentials, max_body)
+    app.state.throttle = Throttle()
+    return Guard(app, app.state.credentials, max_body, app.state.throttle)
 
 
 def _mount_docs(app: FastAPI) -> None:

@@ -24,7 +24,15 @@ from celery_agents.client import Client
 from celery_agents.errors import AgentsError, InvalidInput
 from celery_agents.model import SessionView, State
 from celery_agents.runtime.completions import parse_result_text
-from celery_agents.web.security import AUTH_COOKIE, CSRF_COOKIE, Credentials, csrf_ok, new_csrf_token
+from celery_agents.web.security import (
+    AUTH_COOKIE,
+    CSRF_COOKIE,
+    Credentials,
+    Throttle,
+    client_address,
+    csrf_ok,
+    new_csrf_token,
+)
 
 router = APIRouter(include_in_schema=False)
 HERE = Path(__file__).parent
@@ -242,7 +250,14 @@ async def login(request: Request) -> Response:
         return _render(request, "login.html", status=403, wrong=False, expired=True)
     if not credentials.required:
         return RedirectResponse("/", status_code=303)
+    throttle: Throttle = request.app.state.throttle
+    address = client_address(request.scope)
+    if wait := throttle.retry_after(address):
+        refused = _render(request, "login.html", status=429, wrong=False, wait=wait)
+        refused.headers["retry-after"] = str(wait)
+        return refused
     if not credentials.token_ok(form.get("token", "")) or credentials.cookie is None:
+        throttle.failed(address)
         return _render(request, "login.html", status=401, wrong=True)
     response = RedirectResponse("/", status_code=303)
     _set_cookie(request, response, AUTH_COOKIE, credentials.cookie)

@@ -13,7 +13,10 @@ import hashlib
 import hmac
 import ipaddress
 import json
+import math
 import secrets
+import time
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -48,6 +51,12 @@ SECURITY_HEADERS = {
     "cross-origin-resource-policy": "same-origin",
 }
 _UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+#: wrong tokens (bearer, page cookie or login form) one client address may give within
+#: `AUTH_WINDOW_S` seconds; then it is answered 429 until the oldest of them is that old
+AUTH_FAILURES_ALLOWED = 20
+AUTH_WINDOW_S = 60.0
+#: client addresses whose failures are remembered at once (the least recent are forgotten first)
+_TRACKED_ADDRESSES = 10_000
 
 
 def is_loopback(host: str) -> bool:
@@ -101,6 +110,42 @@ class Credentials:
         return bool(cookie) and self.cookie is not None and hmac.compare_digest(cookie.encode(), self.cookie.encode())
 
 
+class Throttle:
+    """Wrong tokens per client address within a sliding window, in this process: guessing the
+    token is refused (429) after `allowed` failures, whatever the next guess is, so the answers
+    stop telling a right token from a wrong one. Behind a proxy every client shares its address:
+    the lock-out then covers them all for at most `window` seconds."""
+
+    def __init__(
+        self,
+        allowed: int = AUTH_FAILURES_ALLOWED,
+        window: float = AUTH_WINDOW_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.allowed, self.window, self.clock = allowed, window, clock
+        self._failures: OrderedDict[str, deque[float]] = OrderedDict()
+
+    def retry_after(self, address: str) -> int:
+        """Seconds until `address` may try again (0: now)."""
+        failures = self._failures.get(address)
+        if failures is None or len(failures) < self.allowed:
+            return 0
+        wait = failures[0] + self.window - self.clock()
+        return math.ceil(wait) if wait > 0 else 0
+
+    def failed(self, address: str) -> None:
+        failures = self._failures.pop(address, None) or deque(maxlen=self.allowed)
+        failures.append(self.clock())
+        self._failures[address] = failures
+        while len(self._failures) > _TRACKED_ADDRESSES:
+            self._failures.popitem(last=False)
+
+
+def client_address(scope: Scope) -> str:
+    client = scope.get("client")
+    return str(client[0]) if client else ""
+
+
 def new_csrf_token() -> str:
     return secrets.token_urlsafe(32)
 
@@ -120,13 +165,23 @@ def _json_response(status: int, code: str, message: str, extra: list[tuple[bytes
     return status, headers + (extra or []), body
 
 
+def too_many_guesses(wait: int) -> Answer:
+    return _json_response(
+        429,
+        "too_many_requests",
+        f"too many wrong tokens from this address: try again in {wait} s",
+        [(b"retry-after", str(wait).encode())],
+    )
+
+
 class Guard:
     """The ASGI layer described in the module docstring."""
 
-    def __init__(self, app: ASGIApp, credentials: Credentials, max_body_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, credentials: Credentials, max_body_bytes: int, throttle: Throttle) -> None:
         self.app = app
         self.credentials = credentials
         self.max_body_bytes = max_body_bytes
+        self.throttle = throttle
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -158,8 +213,16 @@ class Guard:
             )
         if scope["method"] in _UNSAFE_METHODS and _cross_site(headers, host):
             return _json_response(403, "forbidden", "requests from another site are refused")
-        if path.startswith(PUBLIC_PREFIXES) or self.credentials.allows(headers, _cookies(headers)):
+        if path.startswith(PUBLIC_PREFIXES):
             return None
+        cookies = _cookies(headers)
+        address = client_address(scope)
+        if self.credentials.required and (wait := self.throttle.retry_after(address)):
+            return too_many_guesses(wait)
+        if self.credentials.allows(headers, cookies):
+            return None
+        if "authorization" in headers or cookies.get(AUTH_COOKIE):
+            self.throttle.failed(address)
         if path.startswith(API_PREFIXES) or "text/html" not in headers.get("accept", ""):
             return _json_response(
                 401,

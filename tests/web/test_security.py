@@ -159,3 +159,36 @@ def test_redis_out_of_reach_is_503(settings: Settings) -> None:
     with TestClient(create_app(gone, Client(gone, inline=False)), base_url="http://127.0.0.1") as c:
         for r in (c.get("/v1/sessions"), c.get("/v1/pending"), c.get("/metrics")):
             assert r.status_code == 503 and r.json()["error"]["code"] == "redis_unavailable"
+
+
+def test_guessing_the_token_is_throttled_per_client_address(settings: Settings) -> None:
+    """An attacker trying tokens gets 429 after a few failures — even for the right token, so the
+    answers stop telling right from wrong — while another address is not locked out."""
+    from celery_agents.web.security import AUTH_FAILURES_ALLOWED
+
+    app = app_for(settings, api_token=TOKEN)
+    with TestClient(app, base_url="http://127.0.0.1:8765", client=("10.0.0.7", 5000)) as attacker:
+        for i in range(AUTH_FAILURES_ALLOWED):
+            r = attacker.get("/v1/sessions", headers={"Authorization": f"Bearer guess-{i}"})
+            assert r.status_code == 401, (i, r.text)
+        r = attacker.get("/v1/sessions", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert r.status_code == 429
+        assert int(r.headers["retry-after"]) > 0
+        assert r.json()["error"]["code"] == "too_many_requests"
+    with TestClient(app, base_url="http://127.0.0.1:8765", client=("10.0.0.8", 5000)) as other:
+        assert other.get("/v1/sessions", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+
+
+def test_guessing_the_token_on_the_login_form_is_throttled(settings: Settings) -> None:
+    from celery_agents.web.security import AUTH_FAILURES_ALLOWED
+
+    app = app_for(settings, api_token=TOKEN)
+    with TestClient(app, base_url="http://127.0.0.1:8765", client=("10.0.0.9", 5000)) as browser:
+        csrf = csrf_of(browser.get("/login").text)
+        for i in range(AUTH_FAILURES_ALLOWED):
+            r = browser.post("/login", data={"csrf": csrf, "token": f"guess-{i}"}, follow_redirects=False)
+            assert r.status_code == 401, i
+        r = browser.post("/login", data={"csrf": csrf, "token": TOKEN}, follow_redirects=False)
+        assert r.status_code == 429
+        assert "Too many wrong tokens" in r.text
+        assert "agents_auth" not in r.headers.get("set-cookie", "")
