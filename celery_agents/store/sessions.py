@@ -201,6 +201,7 @@ class SessionStore(StoreCore):
         """Delete a session that is not active (or any, with `force`, once it was cancelled):
         every key it owns and its entries in the shared indexes, atomically. Returns how many
         keys went; raises when a step or call of it is still running."""
+        parent = cast("str | None", self.client.hget(self.keys.meta(session_id), "parent"))
         for _ in range(5):
             calls = cast("dict[str, str]", self.client.hgetall(self.keys.calls(session_id)))
             secrets = [parse_token(t)[1] for t in (json.loads(c).get("token") for c in calls.values()) if t]
@@ -208,6 +209,8 @@ class SessionStore(StoreCore):
             extra = (self.keys.ids, self.keys.rewound, *keys)
             res = self._run("delete_session", session_id, [len(calls), "1" if force else "0"], extra)
             if res[0] == "ok":
+                if parent:  # the parent's list is under the parent's hash tag: a second command
+                    self.client.srem(self.keys.children(parent), session_id)
                 return int(res[1])
             if res[0] == "missing":
                 raise UnknownSession(f"unknown session {session_id!r}", session_id=session_id)

@@ -103,3 +103,15 @@ def test_a_driven_parent_whose_child_is_listed_but_not_made_yet_is_not_settled(s
     # start_child lists the child first, then makes it: `agents run` may look in between.
     store.client.sadd(store.keys.children(sid), str(call.meta["child"]))
     assert settled(store, sid, None) is False
+
+
+def test_a_deleted_child_leaves_its_parents_list_of_children(store: Store) -> None:
+    sid, field = delegating(store)
+    ran = run_call(store, sid, field, RecordingTools(), "t")
+    assert ran.child is not None
+    child = ran.child[0]
+    run_step(store, child, 1, llm=ScriptedLlm(llm_turn(text="the answer")), tools=RecordingTools(), owner="w")
+    assert store.children(sid) == [child]
+    store.delete_session(child)
+    assert store.children(sid) == []
+    assert store.tree(sid) == [sid]
