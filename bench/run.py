@@ -14,7 +14,10 @@ Starts a private redis-server on a free port (or uses `AGENTS_REDIS_URL`), then 
    they wait on its token; each completed with `XADD <prefix>:completions`, timed to the session's
    `step_started` event (`at`, the worker's clock) from just before the XADD (the bench's clock:
    the same machine); while they wait, `agents session pending --json` wall time;
-5. one demo model call through litellm, alone (`bench/model_call.py`): the floor under every step.
+5. one demo model call through litellm, alone (`bench/model_call.py`): the floor under every step;
+6. DBOS making the same model call as durable steps on PostgreSQL (`bench/dbos_phase.py`), when the
+   `bench` extra is installed and a PostgreSQL server answers (`--dbos-url`, `DBOS_DATABASE_URL`,
+   else the local one); otherwise `dbos_skipped` says why and its keys are absent.
 
 Prints one JSON object (`--json`) or a table. Every process it starts is ended on exit and on Ctrl-C.
 """
@@ -41,6 +44,7 @@ if __package__ in (None, ""):
 
 import redis
 
+from bench.dbos_phase import bench_dbos, database_url
 from bench.in_flight import bench_slow_model
 from bench.processes import (
     Processes,
@@ -466,10 +470,11 @@ def versions(url: str) -> dict[str, Any]:
         "litellm": v("litellm"),
         "pydantic": v("pydantic"),
         "celery_agents": v("celery-agents"),
+        "dbos": v("dbos"),
     }
 
 
-def run(quick: bool, workers: int, metrics_cost: bool = False) -> dict[str, Any]:
+def run(quick: bool, workers: int, metrics_cost: bool = False, dbos_url: str | None = None) -> dict[str, Any]:
     sizes = Sizes(quick)
     prefix = f"bench{uuid.uuid4().hex[:8]}"
     started = time.perf_counter()
@@ -481,12 +486,15 @@ def run(quick: bool, workers: int, metrics_cost: bool = False) -> dict[str, Any]
         result.update(bench_bare(procs, url, prefix, workers, sizes))
         result.update(bench_naive(procs, url, prefix, workers, sizes))
         result.update(bench_agents(procs, url, prefix, workers, sizes))
+        result.update(bench_dbos(procs, prefix, workers, sizes, dbos_url, percentile))
         result.update(growth)
         result["step_throughput_ratio"] = result["steps_per_s"] / result["bare_celery_tasks_per_s"]
         result["step_latency_ratio"] = result["step_latency_p50_ms"] / result["bare_celery_roundtrip_p50_ms"]
         result["step_latency_p99_ratio"] = result["step_latency_p99_ms"] / result["bare_celery_roundtrip_p99_ms"]
         result.update(model_call_bounds(result, sizes))
         result.update(against_naive(result))
+        if result.get("dbos_steps_per_s"):
+            result["step_throughput_vs_dbos"] = result["steps_per_s"] / result["dbos_steps_per_s"]
         result.update(bench_slow_model(procs, url, prefix, workers, sizes.slow_sessions))
         if metrics_cost:
             result.update(bench_metrics_cost(procs, url, prefix, workers, sizes))
@@ -551,6 +559,8 @@ GOALS = [
     ("cli_pending_wall_ms", "<=", 300.0),
     ("slow_model_wall_s", "<=", 15.0),
     ("slow_model_peak_rss_mb", "<=", 1536.0),
+    # only when the DBOS phase ran (the `bench` extra and a PostgreSQL server)
+    ("step_throughput_vs_dbos", ">=", 1.5),
 ]
 
 
@@ -601,6 +611,23 @@ def render(result: dict[str, Any]) -> str:
             result["cpu_ms_per_step"].get("worker", 0.0),
         ),
     ]
+    if "dbos_steps_per_s" in result:
+        rows += [
+            (f"DBOS {result['dbos_version']} (same model call) steps/s", result["dbos_steps_per_s"], ""),
+            ("  steps/s vs DBOS (goal >= 1.5)", result["step_throughput_vs_dbos"], ""),
+            (
+                "DBOS one-step workflow p50: in process / queued",
+                result["dbos_step_p50_ms"],
+                result["dbos_queued_step_p50_ms"],
+            ),
+            (
+                "DBOS send -> step after recv started p50 / p99",
+                result["dbos_resume_p50_ms"],
+                result["dbos_resume_p99_ms"],
+            ),
+        ]
+    else:
+        rows.append(("DBOS phase skipped", result.get("dbos_skipped", ""), ""))
     if "metrics_throughput_on_vs_off" in result:
         rows += [
             (
@@ -629,7 +656,7 @@ def _meets(value: float, op: str, limit: float) -> bool:
 
 def goals_met(result: dict[str, Any]) -> dict[str, bool]:
     """Each goal of docs/performance.md, met or not in this run."""
-    return {f"{k} {op} {lim}": _meets(result[k], op, lim) for k, op, lim in GOALS}
+    return {f"{k} {op} {lim}": _meets(result[k], op, lim) for k, op, lim in GOALS if result.get(k) is not None}
 
 
 def default_step_processes() -> int:
@@ -654,9 +681,16 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also measure step throughput with and without `agents worker --metrics-port`, in alternating rounds",
     )
+    parser.add_argument(
+        "--dbos-url",
+        default=database_url(None),
+        help="a PostgreSQL server for the DBOS phase, as postgresql://user:password@host:port/db: the run creates "
+        "its own database there and drops it at the end (default: $DBOS_DATABASE_URL, else the local server "
+        "over its unix socket, else 127.0.0.1:5432)",
+    )
     args = parser.parse_args(argv)
     try:
-        result = run(args.quick, args.workers, args.metrics_port)
+        result = run(args.quick, args.workers, args.metrics_port, args.dbos_url)
     except KeyboardInterrupt:
         print("interrupted; every process the benchmark started was stopped", file=sys.stderr)
         return 130

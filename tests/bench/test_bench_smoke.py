@@ -41,6 +41,8 @@ CONTRACT_KEYS = (
     "slow_model_peak_rss_mb",
     "slow_model_max_in_flight",
 )
+# Only when the `bench` extra is installed and a PostgreSQL server answers; else `dbos_skipped`.
+DBOS_KEYS = ("dbos_steps_per_s", "dbos_step_p50_ms", "dbos_resume_p50_ms", "step_throughput_vs_dbos")
 
 
 @pytest.mark.slow
@@ -70,3 +72,12 @@ def test_quick_benchmark_prints_every_contract_key() -> None:
     assert result["step_latency_ratio_floor"] > 1 and 0 < result["step_throughput_ratio_ceiling"] < 1
     # The slow-model phase ran every session's three steps against the 1 s model.
     assert result["slow_model_sessions"] == 100 and result["slow_model_max_in_flight"] >= 1
+    # The DBOS phase ran, or says why not (CI installs `.[dev]` without the `bench` extra).
+    if "dbos_skipped" in result:
+        assert isinstance(result["dbos_skipped"], str) and result["dbos_skipped"]
+        assert not any(k in result for k in DBOS_KEYS)
+        assert not any(g.startswith("step_throughput_vs_dbos") for g in result["goals_met"])
+    else:
+        for key in DBOS_KEYS:
+            assert isinstance(result[key], float) and result[key] > 0, (key, result[key])
+        assert "step_throughput_vs_dbos >= 1.5" in result["goals_met"]
