@@ -120,8 +120,10 @@ def bench_dbos(
     if reason:
         return {"dbos_skipped": reason}
     assert server is not None
+    started = time.perf_counter()
     with throwaway_database(server, f"dbos_{prefix}", synchronous_commit) as db:
         out = run_phase(procs, db, workers, sizes, percentile, queue or [])
+    out["dbos_phase_wall_s"] = round(time.perf_counter() - started, 1)
     out["dbos_database"] = f"dbos_{prefix} on {redacted(server)} (dropped)"
     out["dbos_synchronous_commit"] = synchronous_commit
     return out
