@@ -86,18 +86,33 @@ def throwaway_database(server: str, name: str, synchronous_commit: str) -> Any:
     import psycopg
     from psycopg import sql
 
-    with psycopg.connect(server, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-        admin.execute(
-            sql.SQL("ALTER DATABASE {} SET synchronous_commit = {}").format(
-                sql.Identifier(name), sql.Literal(synchronous_commit)
-            )
-        )
+    url = create_database(server, name, synchronous_commit)
     try:
-        yield with_database(server, name)
+        yield url
     finally:
         with psycopg.connect(server, autocommit=True) as admin:
             admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+class CannotCreate(Exception):
+    pass
+
+
+def create_database(server: str, name: str, synchronous_commit: str) -> str:
+    import psycopg
+    from psycopg import sql
+
+    try:
+        with psycopg.connect(server, autocommit=True) as admin:
+            admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+            admin.execute(
+                sql.SQL("ALTER DATABASE {} SET synchronous_commit = {}").format(
+                    sql.Identifier(name), sql.Literal(synchronous_commit)
+                )
+            )
+    except psycopg.Error as e:
+        raise CannotCreate(f"cannot create database {name} on {redacted(server)}: {e}") from e
+    return with_database(server, name)
 
 
 def bench_dbos(
@@ -121,8 +136,11 @@ def bench_dbos(
         return {"dbos_skipped": reason}
     assert server is not None
     started = time.perf_counter()
-    with throwaway_database(server, f"dbos_{prefix}", synchronous_commit) as db:
-        out = run_phase(procs, db, workers, sizes, percentile, queue or [])
+    try:
+        with throwaway_database(server, f"dbos_{prefix}", synchronous_commit) as db:
+            out = run_phase(procs, db, workers, sizes, percentile, queue or [])
+    except CannotCreate as e:
+        return {"dbos_skipped": str(e)}
     out["dbos_phase_wall_s"] = round(time.perf_counter() - started, 1)
     out["dbos_database"] = f"dbos_{prefix} on {redacted(server)} (dropped)"
     out["dbos_synchronous_commit"] = synchronous_commit
