@@ -7,8 +7,6 @@ Session ids may be given as any unique prefix. Exit codes are the contract's: 0 
 Nothing here imports litellm: commands that call a model reach it through the client.
 """
 
-from __future__ import annotations
-
 import contextlib
 import sys
 from collections.abc import Callable, Iterator
@@ -94,9 +92,25 @@ def _where(client: Any) -> str:
     return f"{place} (prefix {s.prefix})"
 
 
+def _import_redis() -> None:
+    """Import redis-py with OpenTelemetry out of its sight. redis-py 8 imports OpenTelemetry's
+    metrics API and SDK when they are installed (extra `otel`), for client metrics that stay off
+    unless a program turns them on, which celery-agents never does; that import was ~40% of a CLI
+    start (`agents session pending`). Hidden only while redis-py loads: tracing, if on, imports
+    OpenTelemetry afterwards as usual."""
+    if "redis" in sys.modules or "opentelemetry" in sys.modules:
+        return
+    sys.modules["opentelemetry"] = None  # type: ignore[assignment]  # an import of it raises ImportError
+    try:
+        import redis  # noqa: F401
+    finally:
+        del sys.modules["opentelemetry"]
+
+
 @contextlib.contextmanager
 def _command(as_json: bool, inline: bool = False) -> Iterator[Any]:
     """A client for the command; errors become the contract's exit codes and JSON errors."""
+    _import_redis()
     import redis
 
     from celery_agents.client import Client

@@ -40,7 +40,7 @@ class TrackedCall(BaseModel):
     model's call order; together with the session they make the call's idempotency key.
     """
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", defer_build=True)  # built on first use (see agent._Spec)
 
     call_id: str
     tool: str

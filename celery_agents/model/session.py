@@ -49,13 +49,18 @@ def child_session_id(parent_id: str, call_field: str) -> str:
     return hashlib.sha256(f"child:{parent_id}:{call_field}".encode()).hexdigest()[:32]
 
 
-class ErrorInfo(BaseModel):
+class _Model(BaseModel):
+    # built on first use (see agent._Spec): `pending` builds PendingCall only, not every view
+    model_config = ConfigDict(defer_build=True)
+
+
+class ErrorInfo(_Model):
     code: str
     message: str
     transient: bool = False
 
 
-class SessionHeader(BaseModel):
+class SessionHeader(_Model):
     """Everything about a session but its turns; stored as a Redis hash."""
 
     model_config = ConfigDict(extra="ignore")
@@ -85,7 +90,7 @@ class SessionHeader(BaseModel):
     parent_call: str | None = None
 
 
-class PendingCall(BaseModel):
+class PendingCall(_Model):
     """One unfinished call, as `pending` lists it."""
 
     session_id: str
@@ -100,7 +105,7 @@ class PendingCall(BaseModel):
     expires_at: float | None = None
 
 
-class SessionView(BaseModel):
+class SessionView(_Model):
     """The contract's session view (`start`, `step`, `resume`, `pause`, `show`, `cancel`)."""
 
     session_id: str
@@ -133,7 +138,7 @@ class SessionView(BaseModel):
         return data
 
 
-class CompletionOutcome(BaseModel):
+class CompletionOutcome(_Model):
     """What `complete` reports."""
 
     token: str

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from celery_agents.model import AgentSpec, Disposition
 
-_RUN_SYNC = Disposition(tag="runSync")
-
 
 def disposition_for(agent: AgentSpec, tool_name: str) -> Disposition:
     """`default` unless a rule names the tool: the first rule naming it exactly, else the first
@@ -15,8 +13,10 @@ def disposition_for(agent: AgentSpec, tool_name: str) -> Disposition:
     other call runs inline, keeping the rule's decorators (timeout, retries, truncate).
     """
     policy = agent.tool_call_policy
-    chosen = _RUN_SYNC
-    if policy is not None:
+    if policy is None:
+        # Made here rather than at import, which would build its schema for every command.
+        chosen = Disposition(tag="runSync")
+    else:
         exact = (r for r in policy.rules if not r.is_prefix and r.matches(tool_name))
         prefix = (r for r in policy.rules if r.is_prefix and r.matches(tool_name))
         rule = next(exact, None) or next(prefix, None)

@@ -6,11 +6,12 @@ import hashlib
 import json
 from typing import Any
 
-from pydantic import TypeAdapter
+from pydantic import ConfigDict, TypeAdapter
 
 from celery_agents.model import CallState, LlmTurn, PendingCall, StoredTurn, TrackedCall, UserTurn
 
-STORED_TURN: TypeAdapter[UserTurn | LlmTurn] = TypeAdapter(StoredTurn)
+# Built on first use, like the turn models: commands that read no transcript (`pending`) skip it.
+STORED_TURN: TypeAdapter[UserTurn | LlmTurn] = TypeAdapter(StoredTurn, config=ConfigDict(defer_build=True))
 
 
 # Replies are text: the client is made with `decode_responses=True` (store/connection.py), but

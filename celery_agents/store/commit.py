@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery_agents.model import CallState, LlmTurn, SessionHeader, State, Status, TrackedCall, UserTurn
-from celery_agents.scheduler import Transition
 from celery_agents.store.codec import turn_digest
 from celery_agents.store.header import ERROR_CODE, header_to_hash
+
+if TYPE_CHECKING:  # the scheduler is imported by steps, not by commands that only read
+    from celery_agents.scheduler import Transition
 
 #: the header fields a commit sets as they are (version, turn_count and steps are counted up by the
 #: script, state goes through its index, drive is read there: a pause during the step must hold)

@@ -26,6 +26,7 @@ from celery_agents.model.recovery import Recovery
 from celery_agents.observe.logs import connect_celery
 from celery_agents.runtime.completions import CompletionConsumer
 from celery_agents.store import FINISHED_STATES, EmbeddedRedis, Store
+from celery_agents.store.codec import STORED_TURN
 from celery_agents.tasks.celery_app import app, worker_settings
 from celery_agents.tasks.config import CALL_TASK, ISOLATED_TASK, STEP_TASK, Dispatcher
 from celery_agents.tasks.context import worker_context
@@ -348,6 +349,7 @@ def _on_worker_init(**_: Any) -> None:
 
         warm_up()
     build_schemas()
+    STORED_TURN.rebuild()
     # What is loaded by now lives as long as the process: keep it out of the collector's sight.
     # Forked pool processes then share those pages instead of copying them when a collection
     # touches them, and a stopping process skips collecting them (exit ~1.3 s → ~0.05 s each).

@@ -1,9 +1,15 @@
 """Commands that call no model never import litellm (seconds and hundreds of MB at import), nor
 FastAPI (only `agents serve` needs it):
-checked with `python -X importtime`, which lists every module a process imported on stderr."""
+checked with `python -X importtime`, which lists every module a process imported on stderr.
+`agents session pending --json` goes further (docs/performance.md, `cli_pending_wall_ms`): it
+imports nothing that only steps, workers or human output use, and builds only the schemas of
+the calls it lists."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -59,3 +65,63 @@ def test_embedded_commands_without_a_model_call_never_import_litellm(tmp_path: P
     no_litellm("session", "list", "--json", env=env)
     no_litellm("session", "logs", sid, "--json", env=env)
     no_litellm("session", "cancel", sid, "--json", env=env)
+
+
+#: what `agents session pending --json` must never import: Celery and its broker (it publishes
+#: nothing), the model's client, agent-file validation, rich (no human output), OpenTelemetry
+#: (redis-py imports it when installed unless the CLI hides it), and the step machinery
+PENDING_NEVER_IMPORTS = (
+    "celery",
+    "kombu",
+    "billiard",
+    "litellm",
+    "openai",
+    "jsonschema",
+    "rich",
+    "opentelemetry",
+    "fastapi",
+    "uvicorn",
+    "celery_agents.scheduler",
+    "celery_agents.runtime",
+    "celery_agents.tasks",
+    "celery_agents.llm",
+    "celery_agents.tools",
+)
+
+# Runs the command's own code in a fresh interpreter, then reports on stderr what it loaded.
+_PENDING_PROBE = """
+import json, sys
+from celery_agents.cli.main import main
+code = None
+try:
+    main(["session", "pending", "--json"])
+except SystemExit as exc:
+    code = exc.code
+from celery_agents.model import AgentSpec, Disposition, LlmTurn, SessionHeader, SessionView, UserTurn
+from celery_agents.store.codec import STORED_TURN
+models = (AgentSpec, Disposition, LlmTurn, SessionHeader, SessionView, UserTurn)
+built = [m.__name__ for m in models if m.__pydantic_complete__]
+built += ["STORED_TURN"] if STORED_TURN.pydantic_complete else []
+sys.stdout.flush()
+sys.stderr.write(json.dumps({"code": code, "modules": sorted(sys.modules), "built": built}) + "\\n")
+"""
+
+
+@pytest.mark.usefixtures("cli_worker")
+def test_pending_json_imports_only_what_listing_calls_needs(
+    llm_server: LlmServer, qenv: dict[str, str], tmp_path: Path
+) -> None:
+    scenario = llm_server.scenario([calls(("approve", {"x": "1"})), text("ok")])
+    agent, _ = write_probe_agent(tmp_path, scenario, llm_server.url)
+    view = ok(agents("session", "start", "--agent-file", agent, "-p", "hi", "--run", "--json", env=qenv))
+    token = view["pending"][0]["token"]
+    probe = subprocess.run(
+        [sys.executable, "-c", _PENDING_PROBE], env=qenv, capture_output=True, text=True, timeout=90, check=True
+    )
+    report = json.loads(probe.stderr.strip().splitlines()[-1])
+    assert report["code"] == 0, probe.stderr
+    assert token in {p["token"] for p in json.loads(probe.stdout)["pending"]}  # the listing was read and printed
+    leaked = [m for m in report["modules"] if m.startswith(tuple(f"{n}." for n in PENDING_NEVER_IMPORTS))]
+    leaked += [m for m in report["modules"] if m in PENDING_NEVER_IMPORTS]
+    assert not leaked, f"`agents session pending --json` imported {leaked[:8]}"
+    assert report["built"] == [], f"`agents session pending --json` built schemas it never uses: {report['built']}"
