@@ -39,8 +39,9 @@ def step_events(store: Store, sid: str, kind: str) -> list[dict[str, Any]]:
 def test_a_redelivered_step_reuses_a_model_answer_an_older_release_journaled(store: Store, stores: Any) -> None:
     sid = start(store)
     answer = llm_turn(("c1", "sync_a", '{"city": "Paris"}'), text="first answer")
-    # the first delivery (an older release, which journaled model answers) began, got the
-    # model's answer into the journal, then its worker died
+    # the first delivery (an older release, which journaled model answers and kept no count of
+    # queued messages in the header) began, got the model's answer into the journal, then its worker died
+    store.client.hdel(store.keys.meta(sid), "inbox_waiting")
     begin(store, sid, "worker-a")
     store.journal_put(sid, "llm:1", answer.model_dump_json(), "worker-a", 1)
     drop_lease(store, sid)

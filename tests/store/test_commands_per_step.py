@@ -18,6 +18,23 @@ def _commands(store: Store) -> int:
     return sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info")
 
 
+def _model_step_commands(store: Store) -> tuple[int, int]:
+    """The begin and the commit of the one step of a session whose model answers at once (the
+    session `bench/run.py` counts: no tools, manual drive)."""
+    sid = start(store)
+    before = _commands(store)
+    begun_step = store.begin_step(sid, 1, "w1", request="test")
+    begun = _commands(store)
+    loaded = begun_step.loaded
+    assert loaded is not None, begun_step
+    t = decide(store, loaded, llm=ScriptedLlm(llm_turn(text="Sunny.")))
+    done = commit(store, sid, loaded, t)
+    committed = _commands(store)
+    assert done.outcome == "ok", done
+    assert store.header(sid).status.value == "completed"
+    return begun - before, committed - begun
+
+
 def _step_commands(store: Store, n_calls: int) -> tuple[int, int]:
     sid = start(store)
     calls = [(f"call_{i:04d}", "sync_a", '{"city": "Paris"}') for i in range(n_calls)]
@@ -45,7 +62,16 @@ def test_each_extra_tool_call_of_a_step_costs_one_command_its_event(store: Store
 def test_a_step_begins_and_commits_in_few_commands(store: Store) -> None:
     _step_commands(store, 1)
     begin_commands, commit_commands = _step_commands(store, 1)
-    # begin_step: EVALSHA, TIME, HGETALL, GET, SET, HSET, XADD, LRANGE (turns), HGETALL (journal), LRANGE (inbox)
-    assert begin_commands <= 10
+    # begin_step: EVALSHA, TIME, HGETALL, SET, HSET, XADD, LRANGE (turns), HGETALL (journal: a tools step)
+    assert begin_commands <= 8
     # commit_step of a tools step with one call (15 today): see docs/performance.md
     assert commit_commands <= 16
+
+
+def test_a_one_step_session_begins_and_commits_in_few_commands(store: Store) -> None:
+    _model_step_commands(store)
+    begin_commands, commit_commands = _model_step_commands(store)
+    # begin_step: EVALSHA, TIME, HGETALL, SET, HSET, XADD, LRANGE (turns)
+    assert begin_commands <= 7
+    # commit_step: EVALSHA, TIME, GET, HMGET, GET, RPUSH, HSET, ZREM, ZADD (sessions, state), XADD (3 events), DEL, SET
+    assert commit_commands <= 15

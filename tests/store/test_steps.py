@@ -87,15 +87,58 @@ def test_creating_an_existing_session_id_is_refused(any_store: Store) -> None:
 def test_begin_step_takes_the_lease_and_returns_what_the_step_needs(any_store: Store) -> None:
     store = any_store
     sid = start(store)
-    store.journal_put(sid, "llm:1", "{}", "worker-a", 1)
     loaded = store.begin_step(sid, 1, "worker-a", request="r1").loaded
     assert loaded is not None
     assert loaded.header.session_id == sid and loaded.header.version == 1
     assert [t.kind for t in loaded.turns] == ["UserTurn"]
-    assert loaded.calls == []
-    assert loaded.journal == {"llm:1": "{}"}
+    assert loaded.calls == [] and loaded.journal == {} and loaded.inbox == []
     assert store.lease_holder(sid) == "worker-a"
     assert event_types(store, sid)[-1] == "step_started"
+
+
+def test_begin_step_returns_the_journal_of_a_tools_step(any_store: Store) -> None:
+    store = any_store
+    sid = start(store)
+    step(store, sid, llm=ScriptedLlm(llm_turn(("c1", "sync_a", "{}"))))
+    begin(store, sid, "worker-a")
+    store.journal_put(sid, "tool:1:0", "ran once", "worker-a", 2)
+    store.client.delete(store.keys.lease(sid))  # worker-a died: the step is redelivered
+    assert begin(store, sid, "worker-b").journal == {"tool:1:0": "ran once"}
+
+
+def test_begin_step_returns_what_an_older_release_journaled_into_a_session_it_wrote(any_store: Store) -> None:
+    """A session whose header has no count of queued messages was last written by an older
+    release, which journaled model answers: its journal and its inbox are read."""
+    store = any_store
+    sid = start(store)
+    store.client.hdel(store.keys.meta(sid), "inbox_waiting")
+    store.journal_put(sid, "llm:1", "{}", "worker-a", 1)
+    store.client.rpush(store.keys.inbox(sid), UserQuery(text="from before").model_dump_json())
+    loaded = begin(store, sid, "worker-a")
+    assert loaded.journal == {"llm:1": "{}"}
+    assert loaded.inbox == [UserQuery(text="from before")]
+
+
+def test_a_model_step_with_no_message_queued_reads_no_journal(any_store: Store) -> None:
+    """Such a step journals nothing (its model answer travels in its commit). An answer an older
+    worker journaled into a session the new release wrote (a rolling upgrade) is not read: the
+    redelivered step asks the model once more."""
+    store = any_store
+    sid = start(store)
+    store.journal_put(sid, "llm:1", "{}", "worker-a", 1)
+    assert begin(store, sid, "worker-a").journal == {}
+
+
+def test_begin_step_takes_the_lease_again_for_its_holder_with_a_fresh_time_to_live(any_store: Store) -> None:
+    store = any_store
+    sid = start(store)
+    begin(store, sid, "worker-a")
+    lease = store.keys.lease(sid)
+    store.client.pexpire(lease, 1000)
+    again = store.begin_step(sid, 1, "worker-a")
+    assert again.outcome == "ok" and again.loaded is not None
+    assert store.client.pttl(lease) > 1000, "the lease runs its whole time again"
+    assert event_types(store, sid)[-2:] == ["step_started", "step_started"]
 
 
 def test_begin_step_returns_the_newest_batch_with_recorded_outcomes(any_store: Store) -> None:

@@ -42,14 +42,16 @@ local function emit(kind, data)
     'type', kind, 'at', NOW, 'version', version(), 'data', data or '{}')
 end
 
--- Mark the session updated now, in the index of its state (`st` when the caller knows it).
-local function touch(st)
+-- Mark the session updated now, in the index of its state (`st` when the caller knows it), and
+-- set the header fields `extra` ({name, value, ...}) in the same write.
+local function touch(st, extra)
+  local fields = {'updated_at', NOW}
   if st then
-    redis.call('HSET', K.meta, 'updated_at', NOW, 'state', st)
-  else
-    redis.call('HSET', K.meta, 'updated_at', NOW)
-    st = redis.call('HGET', K.meta, 'state')
+    fields[3], fields[4] = 'state', st
   end
+  for _, v in ipairs(extra or {}) do fields[#fields + 1] = v end
+  redis.call('HSET', K.meta, unpack(fields))
+  if not st then st = redis.call('HGET', K.meta, 'state') end
   redis.call('ZADD', K.sessions, NOW_MS, SID)
   if st and STATE_KEYS[st] then redis.call('ZADD', STATE_KEYS[st], NOW_MS, SID) end
 end
@@ -143,6 +145,12 @@ end
 -- What a step reads: {meta (flat), turns from index `from`, newest batch's calls and outcomes,
 -- lease holder, journal (flat), queued user messages}. A caller that has just read the header
 -- (`read_meta`) and the lease passes them, so that they are not read again.
+-- The queued messages are read only when the header counts some (`inbox_waiting`, kept by every
+-- script that changes the inbox), or has no count (a session an older release last wrote). The
+-- journal only when it may hold something: inline tool results (a step at head `LlmTurn` runs the
+-- tools), how many queued messages a step took (only while some are queued), or whatever an older
+-- release journaled into a session without the count. A model step of a session without queued
+-- messages journals nothing (its answer travels in its commit).
 local function load_payload(from, flat, meta, lease)
   if not flat then flat, meta = read_meta() end
   local turns = redis.call('LRANGE', K.turns, from, -1)
@@ -159,8 +167,11 @@ local function load_payload(from, flat, meta, lease)
     end
   end
   if lease == nil then lease = redis.call('GET', K.lease) or '' end
-  return {flat, turns, calls, results, lease, redis.call('HGETALL', K.journal),
-    redis.call('LRANGE', K.inbox, 0, -1)}
+  local queued = tonumber(meta.inbox_waiting)
+  local journal, inbox = {}, {}
+  if queued ~= 0 or meta.head == 'LlmTurn' then journal = redis.call('HGETALL', K.journal) end
+  if queued ~= 0 then inbox = redis.call('LRANGE', K.inbox, 0, -1) end
+  return {flat, turns, calls, results, lease, journal, inbox}
 end
 
 -- Run a writing script once per request id: a call retried after its reply was lost (the client

@@ -11,7 +11,8 @@
 -- KEYS[NKEYS+1..] = one key per token, in the order of c.tokens.
 local c = cjson.decode(ARGV[4])
 -- One read of the header and one write of it: a step's commands do not grow with what it adds.
-local m = redis.call('HMGET', K.meta, 'version', 'status', 'turn_count', 'steps', 'state', 'drive', 'owed_version')
+local m = redis.call('HMGET', K.meta, 'version', 'status', 'turn_count', 'steps', 'state', 'drive', 'owed_version',
+  'inbox_waiting')
 if not m[1] then return {'missing'} end
 if m[1] ~= c.version then return {'stale', m[1]} end
 if m[2] ~= 'active' then return {'ended', m[2]} end
@@ -20,8 +21,13 @@ if holder and holder ~= c.owner then return {'lost_lease', holder} end
 -- Messages are only ever added at the tail (send_message.lua): the ones this step read are the
 -- oldest. One that came after the step read the queue stays, and a session that would complete
 -- with it unread goes on instead (ready; owed a step when driven), so it is never left behind.
+-- The header counts the queued messages (`inbox_waiting`): when it counts exactly the ones this
+-- step took (none, mostly), none is left and the list is not read; otherwise (one came meanwhile,
+-- or the header has no count: a session an older release wrote) the list's length is read.
 if c.inbox_taken > 0 then redis.call('LTRIM', K.inbox, c.inbox_taken, -1) end
-if c.meta.status == 'completed' and redis.call('LLEN', K.inbox) > 0 then
+local waiting = 0
+if tonumber(m[8]) ~= c.inbox_taken then waiting = redis.call('LLEN', K.inbox) end
+if c.meta.status == 'completed' and waiting > 0 then
   c.meta.status, c.state, c.owe = 'active', 'ready', true
   local kept = {}
   for _, e in ipairs(c.events) do
@@ -70,6 +76,7 @@ local fields = {
   'version', version,
   'turn_count', tonumber(m[3] or '0') + c.n_turns,
   'steps', tonumber(m[4] or '0') + c.steps_inc,
+  'inbox_waiting', waiting,
 }
 for name, text in pairs(c.meta) do
   fields[#fields + 1] = name
