@@ -64,8 +64,10 @@ def test_a_step_begins_and_commits_in_few_commands(store: Store) -> None:
     begin_commands, commit_commands = _step_commands(store, 1)
     # begin_step: EVALSHA, TIME, HGETALL, SET, HSET, XADD, LRANGE (turns), HGETALL (journal: a tools step)
     assert begin_commands <= 8
-    # commit_step of a tools step with one call (15 today): see docs/performance.md
-    assert commit_commands <= 16
+    # commit_step of a tools step with one call: EVALSHA, TIME, HMGET, GETDEL (lease), RPUSH, HSET
+    # (calls), HSET (header), ZREM, ZADD (sessions, state), XADD (tool_finished, step_committed),
+    # DEL (journal); see docs/performance.md
+    assert commit_commands <= 13
 
 
 def test_a_one_step_session_begins_and_commits_in_few_commands(store: Store) -> None:
@@ -73,5 +75,6 @@ def test_a_one_step_session_begins_and_commits_in_few_commands(store: Store) -> 
     begin_commands, commit_commands = _model_step_commands(store)
     # begin_step: EVALSHA, TIME, HGETALL, SET, HSET, XADD, LRANGE (turns)
     assert begin_commands <= 7
-    # commit_step: EVALSHA, TIME, GET, HMGET, GET, RPUSH, HSET, ZREM, ZADD (sessions, state), XADD (3 events), DEL, SET
-    assert commit_commands <= 15
+    # commit_step: EVALSHA, TIME, HMGET, GETDEL (lease), RPUSH, HSET, ZREM, ZADD (sessions, state),
+    # XADD (llm_called, completed, step_committed)
+    assert commit_commands <= 12

@@ -142,15 +142,22 @@ local function read_meta()
   return flat, meta
 end
 
+-- Whether the journal of the step in flight may hold something, from the session's head and its
+-- count of queued messages (`inbox_waiting`): inline tool results (the step at head `LlmTurn`
+-- runs the tools), how many queued messages the step took (only while some are queued), or
+-- whatever an older release journaled (its model answers) into a session whose header has no
+-- count. A model step of a session with nothing queued journals nothing: its answer travels in its
+-- commit. begin_step reads the journal, and commit_step deletes it, only then.
+local function journal_may_hold(head, queued)
+  return head == 'LlmTurn' or tonumber(queued) ~= 0
+end
+
 -- What a step reads: {meta (flat), turns from index `from`, newest batch's calls and outcomes,
 -- lease holder, journal (flat), queued user messages}. A caller that has just read the header
 -- (`read_meta`) and the lease passes them, so that they are not read again.
 -- The queued messages are read only when the header counts some (`inbox_waiting`, kept by every
--- script that changes the inbox), or has no count (a session an older release last wrote). The
--- journal only when it may hold something: inline tool results (a step at head `LlmTurn` runs the
--- tools), how many queued messages a step took (only while some are queued), or whatever an older
--- release journaled into a session without the count. A model step of a session without queued
--- messages journals nothing (its answer travels in its commit).
+-- script that changes the inbox), or has no count (a session an older release last wrote); the
+-- journal only when it may hold something (`journal_may_hold`).
 local function load_payload(from, flat, meta, lease)
   if not flat then flat, meta = read_meta() end
   local turns = redis.call('LRANGE', K.turns, from, -1)
@@ -169,7 +176,7 @@ local function load_payload(from, flat, meta, lease)
   if lease == nil then lease = redis.call('GET', K.lease) or '' end
   local queued = tonumber(meta.inbox_waiting)
   local journal, inbox = {}, {}
-  if queued ~= 0 or meta.head == 'LlmTurn' then journal = redis.call('HGETALL', K.journal) end
+  if journal_may_hold(meta.head, queued) then journal = redis.call('HGETALL', K.journal) end
   if queued ~= 0 then inbox = redis.call('LRANGE', K.inbox, 0, -1) end
   return {flat, turns, calls, results, lease, journal, inbox}
 end
