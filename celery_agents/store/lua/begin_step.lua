@@ -26,14 +26,18 @@ if not redis.call('SET', K.lease, ARGV[5], 'NX', 'PX', ARGV[6]) then
   end
   redis.call('SET', K.lease, ARGV[5], 'PX', ARGV[6])
 end
--- Picked up: if this lease lapses without a commit, the step's worker died.
-redis.call('HSET', K.meta, 'picked', meta.version)
-if meta.picked == nil then
-  flat[#flat + 1] = 'picked'
-  flat[#flat + 1] = meta.version
-else
-  for i = 1, #flat, 2 do
-    if flat[i] == 'picked' then flat[i + 1] = meta.version end
+-- Picked up: if this lease lapses without a commit, the step's worker died. Only a step owed at
+-- this version is ever judged by it (sweep_owed.lua and `agents doctor` read it with `owed_version`),
+-- and `owe` clears it when the step becomes owed later: a step not owed now leaves it as it is.
+if meta.owed_version == meta.version then
+  redis.call('HSET', K.meta, 'picked', meta.version)
+  if meta.picked == nil then
+    flat[#flat + 1] = 'picked'
+    flat[#flat + 1] = meta.version
+  else
+    for i = 1, #flat, 2 do
+      if flat[i] == 'picked' then flat[i + 1] = meta.version end
+    end
   end
 end
 emit('step_started', cjson.encode({request = req, owner = ARGV[5]}))
