@@ -157,10 +157,14 @@ end
 -- (`read_meta`) and the lease passes them, so that they are not read again.
 -- The queued messages are read only when the header counts some (`inbox_waiting`, kept by every
 -- script that changes the inbox), or has no count (a session an older release last wrote); the
--- journal only when it may hold something (`journal_may_hold`).
+-- journal only when it may hold something (`journal_may_hold`); the turns only when the caller
+-- lacks some (`turn_count` is the list's length: every commit writes both).
 local function load_payload(from, flat, meta, lease)
   if not flat then flat, meta = read_meta() end
-  local turns = redis.call('LRANGE', K.turns, from, -1)
+  local turns = {}
+  if not (meta.turn_count and from >= tonumber(meta.turn_count)) then
+    turns = redis.call('LRANGE', K.turns, from, -1)
+  end
   local calls, results = {}, {}
   if meta.batch and meta.batch_size and tonumber(meta.batch_size) > 0 then
     -- In slices: Lua's unpack takes a few thousand values at most, and a model may ask for more
