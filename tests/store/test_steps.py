@@ -157,6 +157,15 @@ def test_begin_step_returns_the_newest_batch_with_recorded_outcomes(any_store: S
     ]
 
 
+def test_begin_step_reads_the_newest_batch_only_for_the_step_that_folds_it(any_store: Store) -> None:
+    store = any_store
+    sid = start(store)
+    step(store, sid, llm=ScriptedLlm(llm_turn(("c1", "sync_a", "{}"))))
+    step(store, sid)  # the tools step: every call final, head UserTurn
+    assert store.header(sid).head == "UserTurn"
+    assert begin(store, sid).calls == [], "the model step after the tools step does not read them"
+
+
 def test_begin_step_refuses_a_stale_version(any_store: Store) -> None:
     sid = start(any_store)
     assert any_store.begin_step(sid, 7, "w") == Begun("stale", detail="1")

@@ -152,9 +152,9 @@ local function journal_may_hold(head, queued)
   return head == 'LlmTurn' or tonumber(queued) ~= 0
 end
 
--- What a step reads: {meta (flat), turns from index `from`, newest batch's calls and outcomes,
--- lease holder, journal (flat), queued user messages}. A caller that has just read the header
--- (`read_meta`) and the lease passes them, so that they are not read again.
+-- What a step reads: {meta (flat), turns from index `from`, newest batch's calls and outcomes
+-- (at head `PartialUserTurn`), lease holder, journal (flat), queued user messages}. A caller that
+-- has just read the header (`read_meta`) and the lease passes them, so that they are not read again.
 -- The queued messages are read only when the header counts some (`inbox_waiting`, kept by every
 -- script that changes the inbox), or has no count (a session an older release last wrote); the
 -- journal only when it may hold something (`journal_may_hold`); the turns only when the caller
@@ -166,7 +166,9 @@ local function load_payload(from, flat, meta, lease)
     turns = redis.call('LRANGE', K.turns, from, -1)
   end
   local calls, results = {}, {}
-  if meta.batch and meta.batch_size and tonumber(meta.batch_size) > 0 then
+  -- The newest batch's calls only at head `PartialUserTurn`: the step that folds their outcomes
+  -- into a `UserTurn` is the only one that reads them (scheduler/machine.py `advance`).
+  if meta.head == 'PartialUserTurn' and meta.batch and meta.batch_size and tonumber(meta.batch_size) > 0 then
     -- In slices: Lua's unpack takes a few thousand values at most, and a model may ask for more
     -- calls than that in one response.
     local size = tonumber(meta.batch_size)
