@@ -58,7 +58,7 @@ class CommitRecord:
         """The deferred calls whose tokens the commit creates, in the order of their keys."""
         return [c for c in self.calls if c.state == CallState.DEFERRED and c.token]
 
-    def to_args(self, attempt: str = "", lease_ms: int = 0) -> list[str]:
+    def to_args(self, attempt: str, lease_ms: int) -> list[str]:
         """The script's arguments: the record as JSON, then each new turn's JSON and each call's,
         verbatim (not escaped into the record: they are most of its bytes). `attempt` names this
         call of the script (a retry after a lost reply resends it and gets the first reply back);

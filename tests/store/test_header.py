@@ -67,8 +67,9 @@ def test_a_commit_record_sets_the_header_fields_a_step_changes_as_the_hash_holds
         events=[Event(EventType.FAILED, {"code": "llm_error"})],
     )
     record = commit_record(header, "w1", t, request="r1")
-    control = json.loads(record.to_args()[0])
+    control = json.loads(record.to_args("a1", 30_000)[0])
     assert control["version"] == "7" and control["owner"] == "w1" and control["owe"] is False
+    assert (control["attempt"], control["lease_ms"]) == ("a1", 30_000)
     assert control["meta"]["error_code"] == "llm_error" and control["meta"]["head"] == "LlmTurn"
     assert control["meta"]["usage"] == '{"prompt_tokens":5,"total_tokens":5}', "usage adds up over steps"
     assert control["events"] == [["failed", '{"code": "llm_error"}']]
