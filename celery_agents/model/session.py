@@ -85,6 +85,9 @@ class SessionHeader(_Model):
     usage: Usage = Field(default_factory=Usage)
     error: ErrorInfo | None = None
     response: str | None = None
+    #: user messages queued (`session send`) and not yet delivered: the length of the session's
+    #: inbox, kept by the scripts that change it, so that a step reads the inbox only when it holds one
+    inbox_waiting: int = 0
     #: the session whose sub-agent call started this one, and that call's field there
     parent: str | None = None
     parent_call: str | None = None

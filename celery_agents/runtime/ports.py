@@ -1,9 +1,16 @@
 """The scheduler's ports bound to the real world, and journaling around the costly ones.
 
-A step's model response and each inline tool result are written to the session's journal as soon
-as they exist; a redelivered copy of the step finds them there and does not call or run again.
-A step that lost its lease (its worker was frozen and another took over) calls and runs nothing
-more: the fence is read before each call, and the journal script refuses its writes.
+Each inline tool result is written to the session's journal as soon as it exists (several tools
+may run before the step commits, and they touch the world): a redelivered copy of the step finds
+it there and does not run the tool again. The model's response is not journaled: the model call is
+the last thing a step does before its commit, so the response travels in the commit itself. A
+worker killed after the model answered and before the commit costs at most one more model call
+(the redelivered step asks again; a journal write would have protected only the window between two
+consecutive Redis writes, as wide as the window between the answer and that write); once the
+commit is done, the model is never asked again for that step. A response found in the journal
+(written by an older release) is still reused. A step that lost its lease (its worker was frozen
+and another took over) calls and runs nothing more: the fence is read before each call, the journal
+script refuses its writes and the commit refuses a step whose lease or version moved.
 """
 
 from __future__ import annotations
@@ -61,7 +68,8 @@ class Fence:
 
 
 class JournaledLlm:
-    """Reuses the journaled response of this (session, version); journals a fresh one at once."""
+    """Reuses a journaled response of this (session, version), as an older release wrote them; a
+    fresh response is not journaled: the step's commit, which follows at once, writes it."""
 
     def __init__(self, store: Store, journal: dict[str, str], inner: LlmPort, fence: Fence) -> None:
         self.store, self.journal, self.inner, self.fence = store, journal, inner, fence
@@ -75,11 +83,8 @@ class JournaledLlm:
             return LlmTurn.model_validate_json(raw)
         self.fence.check(request.session_id)
         turn = self.inner.complete(request)
-        raw = self.store.journal_put(
-            request.session_id, field, turn.model_dump_json(), self.fence.owner, self.fence.version
-        )
-        checkpoint("after_llm_journal", self.store, request.session_id)
-        return LlmTurn.model_validate_json(raw)
+        checkpoint("after_llm", self.store, request.session_id)
+        return turn
 
 
 def outcome_to_json(outcome: CallOutcome) -> str:

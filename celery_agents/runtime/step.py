@@ -91,7 +91,7 @@ def _decide(
     store: Store, loaded: Loaded, owner: str, llm: LlmPort, tools: ToolPort, clock: Clock | None, ids: Ids | None
 ) -> tuple[Transition, bool]:
     """The step's transition, decided under the session's lease with journaled ports; and whether
-    the model's answer was the journal's (a redelivered step)."""
+    the model's answer was the journal's (a redelivered step an older release had journaled)."""
     header = loaded.header
     with LeaseKeeper(store, store.keys.lease(header.session_id), owner) as keeper:
         agent = store.agent(header.agent_hash)
@@ -149,7 +149,8 @@ def _settle(
 
 def _inbox_of_step(store: Store, session_id: str, loaded: Loaded, fence: Fence) -> list[UserQuery]:
     """The queued messages this step delivers: the ones it read, unless an earlier copy of the step
-    journaled fewer (its model call, reused now, saw only those; the later ones wait their turn)."""
+    journaled fewer (a model answer it journaled, as older releases did, saw only those; the later
+    ones wait their turn)."""
     if not loaded.inbox:
         return []
     field = f"inbox:{loaded.header.version}"

@@ -49,6 +49,8 @@ class Snapshot:
     header: SessionHeader
     agent: AgentSpec
     turns: list[UserTurn | LlmTurn]
+    #: the newest batch's calls with their outcomes; only a step at head `PartialUserTurn` reads
+    #: them (the store loads them only then)
     calls: list[TrackedCall] = field(default_factory=list)
     #: user messages sent meanwhile, oldest first: the next model call delivers them
     inbox: list[UserQuery] = field(default_factory=list)

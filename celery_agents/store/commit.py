@@ -60,15 +60,20 @@ class CommitRecord:
         """The deferred calls whose tokens the commit creates, in the order of their keys."""
         return [c for c in self.calls if c.state == CallState.DEFERRED and c.token]
 
-    def to_args(self) -> list[str]:
+    def to_args(self, attempt: str, lease_ms: int) -> list[str]:
         """The script's arguments: the record as JSON, then each new turn's JSON and each call's,
-        verbatim (not escaped into the record: they are most of its bytes)."""
-        return [self._control(), *self.turn_jsons, *(c.model_dump_json(exclude_defaults=True) for c in self.calls)]
+        verbatim (not escaped into the record: they are most of its bytes). `attempt` names this
+        call of the script (a retry after a lost reply resends it and gets the first reply back);
+        `lease_ms` is how long a lease lasts (another worker's lease found is put back with it)."""
+        control = self._control(attempt, lease_ms)
+        return [control, *self.turn_jsons, *(c.model_dump_json(exclude_defaults=True) for c in self.calls)]
 
-    def _control(self) -> str:
+    def _control(self, attempt: str, lease_ms: int) -> str:
         body: dict[str, Any] = {
             "version": str(self.version),
             "owner": self.owner,
+            "attempt": attempt,
+            "lease_ms": lease_ms,
             "kind": self.kind,
             "request": self.request,
             "n_turns": len(self.turn_jsons),

@@ -44,10 +44,11 @@ class StoreCore:
         extra_keys: tuple[str, ...] = (),
         now: float | None = None,
         pipe: Any = None,
+        request_id: str = "",
     ) -> Any:
         # One id per call: the client's retries after a lost reply resend it, and the script
         # answers them with the first reply (`once` in store/lua/_lib.lua).
-        keys = self.keys.script_keys(sid, uuid.uuid4().hex, *extra_keys)
+        keys = self.keys.script_keys(sid, request_id or uuid.uuid4().hex, *extra_keys)
         try:
             # No `now`: the script reads Redis's clock (durable times never come from a worker's).
             stamp = "" if now is None else repr(now)

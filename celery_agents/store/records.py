@@ -20,6 +20,8 @@ class Loaded:
 
     header: SessionHeader
     turns: list[UserTurn | LlmTurn]
+    #: the newest batch's calls with their outcomes, at head `PartialUserTurn` (else empty: no other
+    #: step reads them)
     calls: list[TrackedCall]
     lease_holder: str
     journal: dict[str, str]

@@ -2,7 +2,9 @@
 
 Session scripts get `_lib.lua` prepended (key names, events, finishing a call); they are run with
 EVALSHA and reloaded transparently after a Redis restart (redis-py `Script`). Every writing session
-script runs inside `_lib.lua`'s `once`: a retry of the same call returns the first reply.
+script runs inside `_lib.lua`'s `once`: a retry of the same call returns the first reply; but
+`commit_step`, which keeps its last reply in the header it writes anyway (no request key to read
+and write on every step).
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ import redis
 
 _STANDALONE = frozenset({"journal_put", "lease_renew"})
 # Session scripts that only read, or whose repetition is harmless and whose reply is the whole
-# session (begin_step: the same owner takes its own lease again): not wrapped in `once`.
-_NOT_ONCE = frozenset({"begin_step", "load_session"})
+# session (begin_step: the same owner takes its own lease again), or that answer their own retries
+# (commit_step: `last_commit` in the header): not wrapped in `once`.
+_NOT_ONCE = frozenset({"begin_step", "load_session", "commit_step"})
 
 
 @cache

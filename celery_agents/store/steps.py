@@ -6,6 +6,7 @@ import itertools
 import json
 import logging
 import time
+import uuid
 from typing import Any, cast
 
 from celery_agents.errors import UnknownSession
@@ -137,7 +138,12 @@ class StepStore(StoreCore):
         """Commit a step at `record.version`, unless the session moved on or the lease was lost."""
         sid = record.session_id
         token_keys = tuple(self.keys.token(sid, parse_token(c.token)[1]) for c in record.tokens if c.token)
-        res = self._run("commit_step", sid, record.to_args(), extra_keys=token_keys, now=now)
+        # One id per call, sent again by the client's retries: commit_step answers a retry of a
+        # commit it made with that commit's reply (the header's `last_commit`).
+        attempt = uuid.uuid4().hex
+        lease_ms = int(self.settings.lease_seconds * 1000)
+        args = record.to_args(attempt, lease_ms)
+        res = self._run("commit_step", sid, args, extra_keys=token_keys, now=now, request_id=attempt)
         if res[0] != "ok":
             return Committed(res[0])
         entry = self._turn_cache.get(sid)

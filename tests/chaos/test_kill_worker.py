@@ -1,5 +1,7 @@
 """SIGKILL the whole worker (its process group) at the worst moments; a fresh worker must finish
-every session with nothing lost, duplicated or redone that was already done."""
+every session with nothing lost, duplicated or redone that was already done. The model's answer
+travels in the step's commit: killed after the model answered and before the commit, the step
+asks the model once more; killed after the commit, never again."""
 
 from __future__ import annotations
 
@@ -49,7 +51,8 @@ CASES = {
     "during_llm_call": ({"delay_first": 30}, {}, "llm", 3),
     "during_runsync_tool": ({"sync_sleep": 3}, {}, "sync_tool", 2),
     "during_runasync_tool": ({"async_sleep": 3}, {}, "async_tool", 2),
-    "after_llm_journaled": ({}, {"AGENTS_FAULT_PAUSE": "after_llm_journal"}, "fault:after_llm_journal", 2),
+    # the answer of the first model call was not committed: asked once more, then once after the tools
+    "after_llm_answered": ({}, {"AGENTS_FAULT_PAUSE": "after_llm"}, "fault:after_llm", 3),
     "after_commit": ({}, {"AGENTS_FAULT_PAUSE": "after_commit"}, "fault:after_commit", 2),
 }
 
@@ -81,7 +84,7 @@ def test_sigkill_whole_worker(
         assert store.header(sid).response == "done"
         answers = store.turns(sid)[2].tool_responses
         assert [a.tool for a in answers] == ["sync_tool", "async_tool"]
-    assert llm_server.count(scenario) == expected_requests, "a journaled model response is never requested again"
+    assert llm_server.count(scenario) == expected_requests, "a committed model response is never requested again"
     starts = {t: runs(log, t, phase="start") for t in ("sync_tool", "async_tool")}
     for tool, rows in starts.items():
         interrupted = kill_at == tool

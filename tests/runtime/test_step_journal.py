@@ -1,5 +1,6 @@
-"""`run_step` under at-least-once delivery: journaled model answers and inline tool results are
-reused by a redelivered step, stale copies do nothing, racing copies commit once. Real Redis,
+"""`run_step` under at-least-once delivery: journaled inline tool results (and model answers an
+older release journaled) are reused by a redelivered step, a step killed before its commit asks
+the model at most once more, stale copies do nothing, racing copies commit once. Real Redis,
 scripted model and tools that count what they do."""
 
 from __future__ import annotations
@@ -35,10 +36,12 @@ def step_events(store: Store, sid: str, kind: str) -> list[dict[str, Any]]:
 # -- a journaled model answer is reused ----------------------------------------------------------
 
 
-def test_a_redelivered_step_reuses_the_journaled_model_answer(store: Store, stores: Any) -> None:
+def test_a_redelivered_step_reuses_a_model_answer_an_older_release_journaled(store: Store, stores: Any) -> None:
     sid = start(store)
     answer = llm_turn(("c1", "sync_a", '{"city": "Paris"}'), text="first answer")
-    # the first delivery began, got the model's answer into the journal, then its worker died
+    # the first delivery (an older release, which journaled model answers and kept no count of
+    # queued messages in the header) began, got the model's answer into the journal, then its worker died
+    store.client.hdel(store.keys.meta(sid), "inbox_waiting")
     begin(store, sid, "worker-a")
     store.journal_put(sid, "llm:1", answer.model_dump_json(), "worker-a", 1)
     drop_lease(store, sid)
@@ -51,9 +54,11 @@ def test_a_redelivered_step_reuses_the_journaled_model_answer(store: Store, stor
     assert store.turns(sid)[1] == answer
 
 
-def test_a_worker_dying_before_its_commit_costs_no_second_model_call(store: Store, stores: Any) -> None:
+def test_a_worker_dying_after_the_answer_and_before_its_commit_costs_at_most_one_more_model_call(
+    store: Store, stores: Any
+) -> None:
     sid = start(store)
-    llm = ScriptedLlm(llm_turn(text="Sunny, 21 degrees."))
+    llm = ScriptedLlm(llm_turn(text="Sunny, 21 degrees."), llm_turn(text="Sunny, 22 degrees."))
     dying = stores()
 
     def die(*args: Any, **kwargs: Any) -> Any:
@@ -64,14 +69,36 @@ def test_a_worker_dying_before_its_commit_costs_no_second_model_call(store: Stor
         run_step(dying, sid, 1, llm=llm, tools=RecordingTools(), owner="worker-a")
     assert llm.calls == 1
     assert store.header(sid).version == 1, "nothing was committed"
+    assert not store.client.exists(store.keys.journal(sid)), "the answer travels in the commit, not the journal"
     drop_lease(store, sid)
 
     res = run_step(stores(), sid, 1, llm=llm, tools=RecordingTools(), owner="worker-b")
-    assert res.outcome == "committed" and res.llm_reused
-    assert llm.calls == 1, "the redelivered step did not ask the model again"
+    assert res.outcome == "committed" and not res.llm_reused
+    assert llm.calls == 2, "the redelivered step asked the model once more"
     h = store.header(sid)
-    assert (h.status.value, h.response) == ("completed", "Sunny, 21 degrees.")
-    assert h.usage.total_tokens == 12
+    assert (h.status.value, h.response) == ("completed", "Sunny, 22 degrees.")
+    assert h.usage.total_tokens == 12, "only the committed call counts"
+    assert [t.kind for t in store.turns(sid)] == ["UserTurn", "LlmTurn"]
+
+    again = run_step(stores(), sid, 1, llm=llm, tools=RecordingTools(), owner="worker-c")
+    assert again.outcome in ("ended", "stale") and llm.calls == 2, "after the commit, the model is never asked again"
+
+
+def test_a_model_step_writes_no_journal(store: Store) -> None:
+    sid = start(store)
+    writes: list[str] = []
+    journal_put = store.journal_put
+
+    def counted(session_id: str, field: str, *args: Any) -> str:
+        writes.append(field)
+        return journal_put(session_id, field, *args)
+
+    store.journal_put = counted  # type: ignore[method-assign]
+    llm = ScriptedLlm(llm_turn(("c1", "sync_a", "{}")), llm_turn(text="done"))
+    tools = RecordingTools()
+    for version in (1, 2, 3):
+        assert run_step(store, sid, version, llm=llm, tools=tools, owner="w").outcome == "committed"
+    assert writes == ["tool:1:0"], "only the inline tool result was journaled"
 
 
 def test_the_journal_is_per_version_so_the_next_step_asks_the_model(store: Store) -> None:

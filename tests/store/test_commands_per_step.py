@@ -1,4 +1,6 @@
-"""A step's Redis commands: `begin_step` and `commit_step` must not grow with what a step adds.
+"""A step's Redis commands: `begin_step` and `commit_step` must not grow with what a step adds,
+and the one step of a session whose model answers at once costs 18 commands (docs/performance.md,
+"A step's own commands and round trips, cut").
 
 Counted with INFO commandstats on the real Redis (commands run inside the scripts included), around
 the begin and the commit of the step that dispatches the tool calls the model asked for (an
@@ -16,6 +18,23 @@ from tests.store.scenario import commit, decide, start, step
 def _commands(store: Store) -> int:
     stats = store.client.info("commandstats")
     return sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info")
+
+
+def _model_step_commands(store: Store) -> tuple[int, int]:
+    """The begin and the commit of the one step of a session whose model answers at once (the
+    session `bench/run.py` counts: no tools, manual drive)."""
+    sid = start(store)
+    before = _commands(store)
+    begun_step = store.begin_step(sid, 1, "w1", request="test")
+    begun = _commands(store)
+    loaded = begun_step.loaded
+    assert loaded is not None, begun_step
+    t = decide(store, loaded, llm=ScriptedLlm(llm_turn(text="Sunny.")))
+    done = commit(store, sid, loaded, t)
+    committed = _commands(store)
+    assert done.outcome == "ok", done
+    assert store.header(sid).status.value == "completed"
+    return begun - before, committed - begun
 
 
 def _step_commands(store: Store, n_calls: int) -> tuple[int, int]:
@@ -45,7 +64,20 @@ def test_each_extra_tool_call_of_a_step_costs_one_command_its_event(store: Store
 def test_a_step_begins_and_commits_in_few_commands(store: Store) -> None:
     _step_commands(store, 1)
     begin_commands, commit_commands = _step_commands(store, 1)
-    # begin_step: EVALSHA, TIME, HGETALL, GET, SET, HSET, XADD, LRANGE (turns), HGETALL (journal), LRANGE (inbox)
-    assert begin_commands <= 10
-    # commit_step of a tools step with one call (15 today): see docs/performance.md
-    assert commit_commands <= 16
+    # begin_step: EVALSHA, TIME, HGETALL, SET (lease), XADD (step_started), HGETALL (journal: a tools
+    # step); no LRANGE: this process has every turn cached
+    assert begin_commands <= 6
+    # commit_step of a tools step with one call: EVALSHA, TIME, HMGET, GETDEL (lease), RPUSH, HSET
+    # (calls), HSET (header), ZREM, ZADD (sessions, state), XADD (tool_finished, step_committed),
+    # DEL (journal); see docs/performance.md
+    assert commit_commands <= 13
+
+
+def test_a_one_step_session_begins_and_commits_in_few_commands(store: Store) -> None:
+    _model_step_commands(store)
+    begin_commands, commit_commands = _model_step_commands(store)
+    # begin_step: EVALSHA, TIME, HGETALL, SET (lease), XADD (step_started), LRANGE (turns)
+    assert begin_commands <= 6
+    # commit_step: EVALSHA, TIME, HMGET, GETDEL (lease), RPUSH, HSET, ZREM, ZADD (sessions, state),
+    # XADD (llm_called, completed, step_committed)
+    assert commit_commands <= 12

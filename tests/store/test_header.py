@@ -28,6 +28,7 @@ FULL = SessionHeader(
     usage=Usage(prompt_tokens=3, total_tokens=3),
     error=ErrorInfo(code="max_steps", message="m"),
     response="",
+    inbox_waiting=2,
 )
 
 
@@ -40,6 +41,7 @@ def test_every_header_field_round_trips_through_the_hash() -> None:
 def test_the_hash_holds_what_earlier_releases_wrote() -> None:
     stored = header_to_hash(FULL)
     assert stored["version"] == "7" and stored["status"] == "failed" and stored["created_at"] == "1.25"
+    assert stored["inbox_waiting"] == "2", "the scripts count queued messages in this field"
     assert stored["response"] == '""', "an empty answer is not taken for none"
     assert stored["usage"] == '{"prompt_tokens":3,"total_tokens":3}', "zero counters are left out"
     assert json.loads(stored["error"])["code"] == "max_steps" and stored["error_code"] == "max_steps"
@@ -49,6 +51,7 @@ def test_the_hash_holds_what_earlier_releases_wrote() -> None:
 def test_a_hash_from_before_a_field_existed_reads_as_its_default() -> None:
     h = header_from_hash({"session_id": "old", "agent_slug": "a", "agent_hash": "h", "response": "null"})
     assert (h.version, h.status, h.drive, h.step_limit, h.turns_digest) == (1, Status.ACTIVE, "manual", 40, "")
+    assert h.inbox_waiting == 0
     assert h.head is None and h.error is None and h.response is None and h.usage == Usage()
 
 
@@ -64,8 +67,9 @@ def test_a_commit_record_sets_the_header_fields_a_step_changes_as_the_hash_holds
         events=[Event(EventType.FAILED, {"code": "llm_error"})],
     )
     record = commit_record(header, "w1", t, request="r1")
-    control = json.loads(record.to_args()[0])
+    control = json.loads(record.to_args("a1", 30_000)[0])
     assert control["version"] == "7" and control["owner"] == "w1" and control["owe"] is False
+    assert (control["attempt"], control["lease_ms"]) == ("a1", 30_000)
     assert control["meta"]["error_code"] == "llm_error" and control["meta"]["head"] == "LlmTurn"
     assert control["meta"]["usage"] == '{"prompt_tokens":5,"total_tokens":5}', "usage adds up over steps"
     assert control["events"] == [["failed", '{"code": "llm_error"}']]

@@ -110,3 +110,50 @@ def test_a_message_becomes_a_user_turn_of_its_own_after_the_tool_results(store: 
     turns = store.turns(sid)
     assert isinstance(turns[-3], UserTurn) and turns[-3].tool_responses and turns[-3].query is None
     assert isinstance(turns[-2], UserTurn) and turns[-2].query == UserQuery(text="also this")
+
+
+def _counted(store: Store, sid: str) -> tuple[int, int]:
+    """The header's count of queued messages and the inbox's length."""
+    return store.header(sid).inbox_waiting, int(store.client.llen(store.keys.inbox(sid)))
+
+
+def test_the_header_counts_the_queued_messages_exactly(store: Store) -> None:
+    sid, calls = waiting_on(store, ("c1", "defer_t"))
+    assert _counted(store, sid) == (0, 0)
+    store.send_message(sid, UserQuery(text="one"))
+    store.send_message(sid, UserQuery(text="two"))
+    assert _counted(store, sid) == (2, 2)
+    assert step(store, sid).transition.kind == "wait"
+    store.complete_token(token_of(calls, "c1"), completion_json("done", is_error=False, by=None, now=0))
+    loaded = begin(store, sid)
+    t = decide(store, loaded, llm=ScriptedLlm(llm_turn(text="thanks")))
+    store.send_message(sid, UserQuery(text="three"))  # after the step read the queue
+    assert commit(store, sid, loaded, t).outcome == "ok"
+    assert _counted(store, sid) == (1, 1), "the commit took two, one came meanwhile"
+    step(store, sid, llm=ScriptedLlm(llm_turn(text="and three")))
+    assert _counted(store, sid) == (0, 0)
+    assert store.header(sid).status == Status.COMPLETED
+    store.send_message(sid, UserQuery(text="four"))
+    assert _counted(store, sid) == (1, 1)
+    store.cancel(sid)
+    assert _counted(store, sid) == (0, 0)
+
+
+def test_a_message_queued_into_a_session_an_older_release_wrote_is_delivered(store: Store) -> None:
+    """Its header has no count: the inbox is read, and the commit sets the count from the list."""
+    sid = start(store, text="first")
+    store.client.hdel(store.keys.meta(sid), "inbox_waiting")
+    store.client.rpush(store.keys.inbox(sid), UserQuery(text="queued before").model_dump_json())
+    step(store, sid, llm=ScriptedLlm(llm_turn(text="both answered")))
+    assert _texts(store, sid) == ["user:first", "user:queued before", "llm:both answered"]
+    assert _counted(store, sid) == (0, 0)
+    assert store.header(sid).status == Status.COMPLETED
+
+
+def test_a_count_left_too_high_by_an_older_release_never_keeps_a_session_from_completing(store: Store) -> None:
+    """An older release's commit trims the inbox without counting: the next commit reads the list."""
+    sid = start(store)
+    store.client.hset(store.keys.meta(sid), "inbox_waiting", "2")
+    step(store, sid, llm=ScriptedLlm(llm_turn(text="done")))
+    assert store.header(sid).status == Status.COMPLETED
+    assert _counted(store, sid) == (0, 0)

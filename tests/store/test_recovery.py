@@ -11,7 +11,7 @@ import pytest
 
 from celery_agents.model.recovery import Entry, Recovery, recovery_decision, worker_died
 from celery_agents.store import Store
-from tests.store.scenario import start, waiting_on
+from tests.store.scenario import begin, start, waiting_on
 
 COMBINATIONS = [Entry(*flags) for flags in itertools.product((False, True), repeat=4)]
 
@@ -81,3 +81,23 @@ def _pending_members(store: Store) -> list[tuple[str, str]]:
 def test_only_a_picked_up_entry_whose_lease_lapsed_counts_as_a_dead_worker() -> None:
     assert [e for e in COMBINATIONS if worker_died(e) and not e.lost] == [Entry(owed=True, leased=False, picked=True)]
     assert recovery_decision(Entry(owed=True, leased=False, picked=False, lost=True)) is Recovery.REPUBLISH
+
+
+def test_an_owed_step_whose_worker_began_it_and_died_is_published_again(any_store: Store) -> None:
+    sid = start(any_store, drive="auto", owe=True)
+    begin(any_store, sid, "worker-a")
+    any_store.client.delete(any_store.keys.lease(sid))  # worker-a died: its lease lapsed
+    [swept] = any_store.sweep_owed([(sid, False)], time.time())
+    assert (swept.verdict, swept.version) == (Recovery.REPUBLISH, 1)
+
+
+def test_a_step_nobody_owes_is_not_marked_picked_up_and_then_owed_it_waits_for_its_message(any_store: Store) -> None:
+    """`picked` is only ever read of an owed step, and owing a step clears it: a step not owed when
+    it begins does not write it, and the sweeper judges it by its queue once it is owed."""
+    sid = start(any_store)
+    begin(any_store, sid, "worker-a")
+    assert any_store.client.hget(any_store.keys.meta(sid), "picked") is None
+    any_store.prepare_step(sid)  # owed now (`session step`), while worker-a runs it
+    any_store.client.delete(any_store.keys.lease(sid))
+    [swept] = any_store.sweep_owed([(sid, False)], time.time())
+    assert swept.verdict is Recovery.WAITING

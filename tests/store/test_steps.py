@@ -4,6 +4,7 @@ commit_step, end_step, fail_step, journal_put; on real Redis and on fakeredis[lu
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -11,6 +12,7 @@ from celery_agents.errors import SessionNotAdvanceable
 from celery_agents.model import AgentSpec, CallState, ErrorInfo, LlmTurn, State, Status, UserQuery, UserTurn
 from celery_agents.runtime import commit_transition
 from celery_agents.store import Begun, LeaseLost, Store
+from celery_agents.store.commit import commit_record
 from celery_agents.store.store import JOURNAL_TTL_S
 from tests.scheduler.fakes import RecordingTools, ScriptedLlm, llm_turn
 from tests.store.scenario import AGENT, begin, commit, decide, start, step, token_hash
@@ -87,15 +89,58 @@ def test_creating_an_existing_session_id_is_refused(any_store: Store) -> None:
 def test_begin_step_takes_the_lease_and_returns_what_the_step_needs(any_store: Store) -> None:
     store = any_store
     sid = start(store)
-    store.journal_put(sid, "llm:1", "{}", "worker-a", 1)
     loaded = store.begin_step(sid, 1, "worker-a", request="r1").loaded
     assert loaded is not None
     assert loaded.header.session_id == sid and loaded.header.version == 1
     assert [t.kind for t in loaded.turns] == ["UserTurn"]
-    assert loaded.calls == []
-    assert loaded.journal == {"llm:1": "{}"}
+    assert loaded.calls == [] and loaded.journal == {} and loaded.inbox == []
     assert store.lease_holder(sid) == "worker-a"
     assert event_types(store, sid)[-1] == "step_started"
+
+
+def test_begin_step_returns_the_journal_of_a_tools_step(any_store: Store) -> None:
+    store = any_store
+    sid = start(store)
+    step(store, sid, llm=ScriptedLlm(llm_turn(("c1", "sync_a", "{}"))))
+    begin(store, sid, "worker-a")
+    store.journal_put(sid, "tool:1:0", "ran once", "worker-a", 2)
+    store.client.delete(store.keys.lease(sid))  # worker-a died: the step is redelivered
+    assert begin(store, sid, "worker-b").journal == {"tool:1:0": "ran once"}
+
+
+def test_begin_step_returns_what_an_older_release_journaled_into_a_session_it_wrote(any_store: Store) -> None:
+    """A session whose header has no count of queued messages was last written by an older
+    release, which journaled model answers: its journal and its inbox are read."""
+    store = any_store
+    sid = start(store)
+    store.client.hdel(store.keys.meta(sid), "inbox_waiting")
+    store.journal_put(sid, "llm:1", "{}", "worker-a", 1)
+    store.client.rpush(store.keys.inbox(sid), UserQuery(text="from before").model_dump_json())
+    loaded = begin(store, sid, "worker-a")
+    assert loaded.journal == {"llm:1": "{}"}
+    assert loaded.inbox == [UserQuery(text="from before")]
+
+
+def test_a_model_step_with_no_message_queued_reads_no_journal(any_store: Store) -> None:
+    """Such a step journals nothing (its model answer travels in its commit). An answer an older
+    worker journaled into a session the new release wrote (a rolling upgrade) is not read: the
+    redelivered step asks the model once more."""
+    store = any_store
+    sid = start(store)
+    store.journal_put(sid, "llm:1", "{}", "worker-a", 1)
+    assert begin(store, sid, "worker-a").journal == {}
+
+
+def test_begin_step_takes_the_lease_again_for_its_holder_with_a_fresh_time_to_live(any_store: Store) -> None:
+    store = any_store
+    sid = start(store)
+    begin(store, sid, "worker-a")
+    lease = store.keys.lease(sid)
+    store.client.pexpire(lease, 1000)
+    again = store.begin_step(sid, 1, "worker-a")
+    assert again.outcome == "ok" and again.loaded is not None
+    assert store.client.pttl(lease) > 1000, "the lease runs its whole time again"
+    assert event_types(store, sid)[-2:] == ["step_started", "step_started"]
 
 
 def test_begin_step_returns_the_newest_batch_with_recorded_outcomes(any_store: Store) -> None:
@@ -110,6 +155,15 @@ def test_begin_step_returns_the_newest_batch_with_recorded_outcomes(any_store: S
         ("c1", CallState.COMPLETED, 42),
         ("c2", CallState.COMPLETED, "sync_a ok"),
     ]
+
+
+def test_begin_step_reads_the_newest_batch_only_for_the_step_that_folds_it(any_store: Store) -> None:
+    store = any_store
+    sid = start(store)
+    step(store, sid, llm=ScriptedLlm(llm_turn(("c1", "sync_a", "{}"))))
+    step(store, sid)  # the tools step: every call final, head UserTurn
+    assert store.header(sid).head == "UserTurn"
+    assert begin(store, sid).calls == [], "the model step after the tools step does not read them"
 
 
 def test_begin_step_refuses_a_stale_version(any_store: Store) -> None:
@@ -146,7 +200,6 @@ def test_commit_appends_turns_bumps_version_and_releases_the_lease(any_store: St
     store = any_store
     sid = start(store)
     loaded = begin(store, sid)
-    store.journal_put(sid, "llm:1", "journaled", "w1", 1)
     t = decide(store, loaded, llm=ScriptedLlm(llm_turn(("c1", "sync_a", "{}"), text="checking")))
     res = commit(store, sid, loaded, t)
     assert (res.outcome, res.version) == ("ok", 2)
@@ -155,11 +208,30 @@ def test_commit_appends_turns_bumps_version_and_releases_the_lease(any_store: St
     turns = store.turns(sid)
     assert isinstance(turns[1], LlmTurn) and turns[1].text == "checking"
     assert store.lease_holder(sid) is None
-    assert not store.client.exists(store.keys.journal(sid)), "the journal of the committed step is cleared"
     assert in_index(store, store.keys.state_index("tools"), sid)
     assert not in_index(store, store.keys.state_index("ready"), sid)
     types = event_types(store, sid)
     assert types[-2:] == ["llm_called", "step_committed"]
+
+
+def test_the_commit_of_a_tools_step_clears_its_journal(any_store: Store) -> None:
+    store = any_store
+    sid = start(store)
+    step(store, sid, llm=ScriptedLlm(llm_turn(("c1", "sync_a", "{}"))))
+    loaded = begin(store, sid)
+    store.journal_put(sid, "tool:1:0", "ran", "w1", 2)
+    t = decide(store, loaded)
+    assert commit(store, sid, loaded, t).outcome == "ok"
+    assert not store.client.exists(store.keys.journal(sid)), "the journal of the committed step is cleared"
+
+
+def test_the_commit_of_a_step_that_took_queued_messages_clears_its_journal(any_store: Store) -> None:
+    store = any_store
+    sid = start(store)
+    store.send_message(sid, UserQuery(text="and also"))
+    step(store, sid, llm=ScriptedLlm(llm_turn(text="both")))
+    assert not store.client.exists(store.keys.journal(sid)), "inbox:1 went with the commit"
+    assert store.header(sid).inbox_waiting == 0
 
 
 def test_commit_sums_token_usage_into_the_header(any_store: Store) -> None:
@@ -254,6 +326,51 @@ def test_commit_refuses_when_another_worker_took_the_lease(any_store: Store) -> 
     begin(store, sid, "worker-b")  # ... and worker-b took over
     assert commit(store, sid, loaded, t, owner="worker-a").outcome == "lost_lease"
     assert store.header(sid).version == 1 and store.lease_holder(sid) == "worker-b"
+    assert store.client.pttl(store.keys.lease(sid)) > 0, "worker-b's lease still lapses if worker-b dies"
+    assert commit(store, sid, loaded, t, owner="worker-b").outcome == "ok", "worker-b's own commit goes through"
+
+
+def _commit_call(store: Store, sid: str, loaded: Any, t: Any, attempt: str, owner: str = "w1") -> list[Any]:
+    """One call of commit_step as the client sends it (again, when it retries after a lost reply)."""
+    args = commit_record(loaded.header, owner, t, request="test").to_args(attempt, 30_000)
+    return list(store._run("commit_step", sid, args, request_id=attempt))
+
+
+@pytest.mark.parametrize("drive", ["manual", "auto"])
+def test_a_commit_retried_after_its_reply_was_lost_gets_the_first_reply(any_store: Store, drive: str) -> None:
+    store = any_store
+    sid = start(store, drive=drive)
+    loaded = begin(store, sid)
+    t = decide(store, loaded, llm=ScriptedLlm(llm_turn(("c1", "sync_a", "{}"))))
+    first = _commit_call(store, sid, loaded, t, "attempt-1")
+    owed = 1 if drive == "auto" else 0
+    assert first == ["ok", 2, owed]
+    assert _commit_call(store, sid, loaded, t, "attempt-1") == first, "the retry is told what its call did"
+    assert _commit_call(store, sid, loaded, t, "attempt-2") == ["stale", "2"], "another commit at that version is not"
+    assert len(store.turns(sid)) == 2 and store.header(sid).version == 2, "written once"
+    assert event_types(store, sid).count("step_committed") == 1
+    assert not store.client.exists(store.keys.request(sid, "attempt-1")), "the header holds the reply"
+
+
+def test_a_commit_retried_after_the_session_was_cancelled_still_gets_its_reply(any_store: Store) -> None:
+    store = any_store
+    sid = start(store)
+    loaded = begin(store, sid)
+    t = decide(store, loaded, llm=ScriptedLlm(llm_turn(("c1", "sync_a", "{}"))))
+    assert _commit_call(store, sid, loaded, t, "attempt-1") == ["ok", 2, 0]
+    store.cancel(sid)  # between the commit and its retry: the version moved on
+    assert _commit_call(store, sid, loaded, t, "attempt-1") == ["ok", 2, 0]
+
+
+def test_a_refused_commit_retried_is_refused_again(any_store: Store) -> None:
+    store = any_store
+    sid = start(store)
+    loaded = begin(store, sid, "worker-a")
+    t = decide(store, loaded, llm=ScriptedLlm(llm_turn(text="one")))
+    store.client.set(store.keys.lease(sid), "worker-b", px=30_000)
+    assert _commit_call(store, sid, loaded, t, "attempt-1", "worker-a") == ["lost_lease", "worker-b"]
+    assert _commit_call(store, sid, loaded, t, "attempt-1", "worker-a") == ["lost_lease", "worker-b"]
+    assert not store.client.exists(store.keys.request(sid, "attempt-1")), "a commit keeps no request key"
 
 
 def test_commit_refuses_a_cancelled_session(any_store: Store) -> None:

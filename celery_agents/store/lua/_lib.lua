@@ -42,14 +42,16 @@ local function emit(kind, data)
     'type', kind, 'at', NOW, 'version', version(), 'data', data or '{}')
 end
 
--- Mark the session updated now, in the index of its state (`st` when the caller knows it).
-local function touch(st)
+-- Mark the session updated now, in the index of its state (`st` when the caller knows it), and
+-- set the header fields `extra` ({name, value, ...}) in the same write.
+local function touch(st, extra)
+  local fields = {'updated_at', NOW}
   if st then
-    redis.call('HSET', K.meta, 'updated_at', NOW, 'state', st)
-  else
-    redis.call('HSET', K.meta, 'updated_at', NOW)
-    st = redis.call('HGET', K.meta, 'state')
+    fields[3], fields[4] = 'state', st
   end
+  for _, v in ipairs(extra or {}) do fields[#fields + 1] = v end
+  redis.call('HSET', K.meta, unpack(fields))
+  if not st then st = redis.call('HGET', K.meta, 'state') end
   redis.call('ZADD', K.sessions, NOW_MS, SID)
   if st and STATE_KEYS[st] then redis.call('ZADD', STATE_KEYS[st], NOW_MS, SID) end
 end
@@ -140,14 +142,33 @@ local function read_meta()
   return flat, meta
 end
 
--- What a step reads: {meta (flat), turns from index `from`, newest batch's calls and outcomes,
--- lease holder, journal (flat), queued user messages}. A caller that has just read the header
--- (`read_meta`) and the lease passes them, so that they are not read again.
+-- Whether the journal of the step in flight may hold something, from the session's head and its
+-- count of queued messages (`inbox_waiting`): inline tool results (the step at head `LlmTurn`
+-- runs the tools), how many queued messages the step took (only while some are queued), or
+-- whatever an older release journaled (its model answers) into a session whose header has no
+-- count. A model step of a session with nothing queued journals nothing: its answer travels in its
+-- commit. begin_step reads the journal, and commit_step deletes it, only then.
+local function journal_may_hold(head, queued)
+  return head == 'LlmTurn' or tonumber(queued) ~= 0
+end
+
+-- What a step reads: {meta (flat), turns from index `from`, newest batch's calls and outcomes
+-- (at head `PartialUserTurn`), lease holder, journal (flat), queued user messages}. A caller that
+-- has just read the header (`read_meta`) and the lease passes them, so that they are not read again.
+-- The queued messages are read only when the header counts some (`inbox_waiting`, kept by every
+-- script that changes the inbox), or has no count (a session an older release last wrote); the
+-- journal only when it may hold something (`journal_may_hold`); the turns only when the caller
+-- lacks some (`turn_count` is the list's length: every commit writes both).
 local function load_payload(from, flat, meta, lease)
   if not flat then flat, meta = read_meta() end
-  local turns = redis.call('LRANGE', K.turns, from, -1)
+  local turns = {}
+  if not (meta.turn_count and from >= tonumber(meta.turn_count)) then
+    turns = redis.call('LRANGE', K.turns, from, -1)
+  end
   local calls, results = {}, {}
-  if meta.batch and meta.batch_size and tonumber(meta.batch_size) > 0 then
+  -- The newest batch's calls only at head `PartialUserTurn`: the step that folds their outcomes
+  -- into a `UserTurn` is the only one that reads them (scheduler/machine.py `advance`).
+  if meta.head == 'PartialUserTurn' and meta.batch and meta.batch_size and tonumber(meta.batch_size) > 0 then
     -- In slices: Lua's unpack takes a few thousand values at most, and a model may ask for more
     -- calls than that in one response.
     local size = tonumber(meta.batch_size)
@@ -159,8 +180,11 @@ local function load_payload(from, flat, meta, lease)
     end
   end
   if lease == nil then lease = redis.call('GET', K.lease) or '' end
-  return {flat, turns, calls, results, lease, redis.call('HGETALL', K.journal),
-    redis.call('LRANGE', K.inbox, 0, -1)}
+  local queued = tonumber(meta.inbox_waiting)
+  local journal, inbox = {}, {}
+  if journal_may_hold(meta.head, queued) then journal = redis.call('HGETALL', K.journal) end
+  if queued ~= 0 then inbox = redis.call('LRANGE', K.inbox, 0, -1) end
+  return {flat, turns, calls, results, lease, journal, inbox}
 end
 
 -- Run a writing script once per request id: a call retried after its reply was lost (the client

@@ -16,20 +16,28 @@ if meta.version ~= ARGV[4] then
   emit('step_skipped', cjson.encode({reason = 'stale', request = req, at_version = tonumber(ARGV[4])}))
   return {'stale', meta.version}
 end
-local holder = redis.call('GET', K.lease)
-if holder and holder ~= ARGV[5] then
-  emit('step_skipped', cjson.encode({reason = 'busy', request = req, at_version = tonumber(ARGV[4])}))
-  return {'busy', holder}
+-- The lease in one command when it is free; read only when it is not: its holder retrying the
+-- same step (its reply lost) takes it again, anyone else is refused.
+if not redis.call('SET', K.lease, ARGV[5], 'NX', 'PX', ARGV[6]) then
+  local holder = redis.call('GET', K.lease)
+  if holder ~= ARGV[5] then
+    emit('step_skipped', cjson.encode({reason = 'busy', request = req, at_version = tonumber(ARGV[4])}))
+    return {'busy', holder}
+  end
+  redis.call('SET', K.lease, ARGV[5], 'PX', ARGV[6])
 end
-redis.call('SET', K.lease, ARGV[5], 'PX', ARGV[6])
--- Picked up: if this lease lapses without a commit, the step's worker died.
-redis.call('HSET', K.meta, 'picked', meta.version)
-if meta.picked == nil then
-  flat[#flat + 1] = 'picked'
-  flat[#flat + 1] = meta.version
-else
-  for i = 1, #flat, 2 do
-    if flat[i] == 'picked' then flat[i + 1] = meta.version end
+-- Picked up: if this lease lapses without a commit, the step's worker died. Only a step owed at
+-- this version is ever judged by it (sweep_owed.lua and `agents doctor` read it with `owed_version`),
+-- and `owe` clears it when the step becomes owed later: a step not owed now leaves it as it is.
+if meta.owed_version == meta.version then
+  redis.call('HSET', K.meta, 'picked', meta.version)
+  if meta.picked == nil then
+    flat[#flat + 1] = 'picked'
+    flat[#flat + 1] = meta.version
+  else
+    for i = 1, #flat, 2 do
+      if flat[i] == 'picked' then flat[i + 1] = meta.version end
+    end
   end
 end
 emit('step_started', cjson.encode({request = req, owner = ARGV[5]}))

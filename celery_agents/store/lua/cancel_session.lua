@@ -17,7 +17,7 @@ end
 -- Calls that became unfinished after the caller looked (none in practice) are dropped from the index too.
 for _, field in ipairs(redis.call('SMEMBERS', K.pending)) do unindex_call(field) end
 redis.call('DEL', K.pending, K.inbox)
-redis.call('HSET', K.meta, 'status', 'cancelled', 'drive', 'manual')
+redis.call('HSET', K.meta, 'status', 'cancelled', 'drive', 'manual', 'inbox_waiting', 0)
 local version = redis.call('HINCRBY', K.meta, 'version', 1)
 set_version(version)
 set_state('cancelled')
