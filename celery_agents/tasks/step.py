@@ -74,6 +74,8 @@ class StepRequest(Request):  # type: ignore[misc]  # Celery is untyped
 def step(self: Any, session_id: str, expected_version: int, request: str = "") -> str:
     ctx = worker_context(worker_settings())
     owner = execution_owner(self.request)
+    # The message has left the queue and `begin_step` has not marked the step picked up.
+    checkpoint("step_taken", ctx.store, session_id)
     with observe.step(self.request, session_id, int(expected_version)) as watch:
         result = run_step(
             ctx.store,
