@@ -3,7 +3,7 @@
 JSON only, one message taken per free process or thread, time limits below the broker's visibility
 timeout, broker keys under `<prefix>:celery:`. Tool calls (`tools`, `isolated`) are acknowledged
 late and requeued when a worker dies. Steps on a Redis broker are taken without acknowledgement
-(`steps_queue`): what recovers a lost step message is the outbox, not the broker.
+(`steps_unacknowledged`): what recovers a lost step message is the outbox, not the broker.
 """
 
 from __future__ import annotations
