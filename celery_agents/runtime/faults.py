@@ -2,7 +2,8 @@
 
 With `AGENTS_FAULT_PAUSE=<name>`, a worker reaching checkpoint `<name>` records it in Redis
 (`<prefix>:fault:<name>` = session id) and stops there, so a test can SIGKILL it at exactly that
-point: after the model answered (before the step commits), after a commit and before what follows is published;
+point: a step message just taken from its queue, before `begin_step` (`step_taken`); after the model
+answered (before the step commits); after a commit and before what follows is published;
 and along a sub-agent call: `child_created`, `child_committed`, `child_finished` (before its
 parent's call records it), `parent_woken` (before the parent's step is published).
 With `AGENTS_FAULT_CLOCK_SHIFT=<seconds>`, a worker's wall clock reads that far off (`shift_clock`),

@@ -10,9 +10,10 @@
   whose transport has lost its connection, and kombu raises AttributeError ('NoneType' object has
   no attribute 'hostname' / 'client') instead of a connection error: Celery stops the worker
   ("Unrecoverable error"). Here such a channel raises a connection error, which kombu and Celery
-  handle: the message stays in kombu's unacked set (put back after the visibility timeout, when
-  its stale copy does nothing), and a step or call that did not finish stays owed, so our sweeper
-  publishes it again once its lease lapses.
+  handle: a tool call's message stays in kombu's unacked set (put back after the visibility
+  timeout, when its stale copy does nothing; a step's message is not acknowledged, so nothing of
+  it is there), and a step or call that did not finish stays owed, so our sweeper publishes it
+  again once its lease lapses.
 
 `install()` patches these two methods; it is called once by the worker's app, never by the CLI.
 """

@@ -1,7 +1,9 @@
 """The Celery app's configuration, and publishing steps and tool calls to its queues.
 
-JSON only, late acknowledgement, requeue when a worker dies, one message prefetched per process,
-time limits below the broker's visibility timeout, broker keys under `<prefix>:celery:`.
+JSON only, one message taken per free process or thread, time limits below the broker's visibility
+timeout, broker keys under `<prefix>:celery:`. Tool calls (`tools`, `isolated`) are acknowledged
+late and requeued when a worker dies. Steps on a Redis broker are taken without acknowledgement
+(`steps_unacknowledged`): what recovers a lost step message is the outbox, not the broker.
 """
 
 from __future__ import annotations
@@ -10,11 +12,12 @@ import time
 from typing import Any
 
 from celery import Celery
+from kombu.entity import Exchange, Queue
 
 from celery_agents.config import Settings
 from celery_agents.model import TrackedCall
 from celery_agents.store import Keys, broker_url
-from celery_agents.tasks.queues import PUBLISHED_MS
+from celery_agents.tasks.queues import PUBLISHED_MS, REDIS_SCHEMES
 
 STEP_TASK = "celery_agents.step"
 CALL_TASK = "celery_agents.run_call"
@@ -22,8 +25,38 @@ ISOLATED_TASK = "celery_agents.run_isolated_call"
 QUEUES = ("steps", "tools", "isolated")
 
 
+def steps_unacknowledged(broker: str) -> bool:
+    """Whether workers take step messages from broker URL `broker` without acknowledgement: on a
+    Redis broker, yes.
+
+    Every published step is owed in Redis (`owed`, `owed_version`) until the commit that consumes
+    it, so a step message taken by a worker that then dies is published again by the sweeper
+    (`tasks/services.py`) from its lease (picked up: once it lapses) or from its queue (never
+    picked up: once the queue cannot hold it, else after `AGENTS_LOST_GRACE`); kombu's own
+    redelivery would come only after the visibility timeout. Without acknowledgement kombu's Redis
+    transport spends no `MULTI ZADD HSET EXEC` to track the message and no `MULTI ZREM HDEL EXEC`
+    to acknowledge it: two round trips and 8 commands per step. What a worker takes stays bounded
+    by its free threads (`worker_disable_prefetch` counts reserved requests, whatever the ack
+    mode). Other brokers keep acknowledgements: AMQP pushes a no-ack consumer every waiting
+    message, prefetch or not, and `worker_disable_prefetch` is Redis-only."""
+    return broker.split("://", 1)[0] in REDIS_SCHEMES
+
+
+def task_queues(broker: str) -> tuple[Queue, ...]:
+    """The three queues, each on the direct exchange of its name with its name as routing key (as
+    Celery would make them), `steps` consumed without acknowledgement on a Redis broker."""
+    no_ack = steps_unacknowledged(broker)
+    return tuple(_queue(name, no_ack=no_ack and name == "steps") for name in QUEUES)
+
+
+def _queue(name: str, no_ack: bool) -> Queue:
+    exchange = Exchange(name, type="direct")  # type: ignore[no-untyped-call]  # kombu is untyped
+    return Queue(name, exchange, routing_key=name, no_ack=no_ack)  # type: ignore[no-untyped-call]
+
+
 def celery_config(settings: Settings) -> dict[str, Any]:
     vt = settings.visibility_timeout
+    broker = broker_url(settings)
     transport = {
         "visibility_timeout": vt,
         "global_keyprefix": Keys(settings.prefix).celery_prefix,
@@ -36,7 +69,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "unacked_restore_throttle": 3 if settings.restore_interval >= 5 else 1,
     }
     return {
-        "broker_url": broker_url(settings),
+        "broker_url": broker,
         "broker_transport_options": transport,
         "visibility_timeout": vt,
         "broker_connection_retry_on_startup": True,
@@ -47,6 +80,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "result_serializer": "json",
         "accept_content": ["json"],
         "event_serializer": "json",
+        # Steps on a Redis broker are consumed without acknowledgement (`steps_unacknowledged`):
+        # their Request (`tasks/step.py`) then acknowledges and rejects nothing in the broker.
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
         "task_acks_on_failure": True,
@@ -63,6 +98,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "worker_cancel_long_running_tasks_on_connection_loss": True,
         "worker_hijack_root_logger": False,
         "task_default_queue": "steps",
+        "task_queues": task_queues(broker),
         "task_routes": {
             STEP_TASK: {"queue": "steps"},
             CALL_TASK: {"queue": "tools"},

@@ -70,7 +70,7 @@ class QueueProbe:
         try:
             if not broker:
                 return self._redis_heads(self.state, names)
-            if broker.split("://", 1)[0] in _REDIS_SCHEMES:
+            if broker.split("://", 1)[0] in REDIS_SCHEMES:
                 if self._broker_redis is None:
                     url = "unix://" + broker.split("://", 1)[1] if broker.startswith("redis+socket://") else broker
                     self._broker_redis = client_for_url(url)
@@ -130,7 +130,7 @@ class QueueProbe:
 
 
 #: broker URL schemes of kombu's Redis transport: its queues are lists, read directly
-_REDIS_SCHEMES = {"redis", "rediss", "redis+socket"}
+REDIS_SCHEMES = {"redis", "rediss", "redis+socket"}
 
 
 def _not_found(exc: BaseException) -> bool:

@@ -1,8 +1,18 @@
-"""The `step(session_id, expected_version)` task; stale and duplicate copies do nothing."""
+"""The `step(session_id, expected_version)` task; stale and duplicate copies do nothing.
+
+On a Redis broker its queue is consumed without acknowledgement (`tasks/config.py`
+`steps_unacknowledged`): the message left Redis when the worker took it, and what brings back a
+step whose worker died is the outbox and the sweeper, not the broker. Celery still acknowledges
+such a message through the broker (kombu's virtual transport keeps no list of no-ack consumers,
+so `message.ack()` runs kombu's unacked bookkeeping for a message it never tracked);
+`StepRequest` marks it acknowledged instead.
+"""
 
 from __future__ import annotations
 
 from typing import Any
+
+from celery.worker.request import Request
 
 from celery_agents import observe
 from celery_agents.model import State
@@ -31,14 +41,41 @@ def publish_after_step(dispatcher: Dispatcher, store: Store, session_id: str, re
             dispatcher.step(result.parent, finished.version)
 
 
+class StepRequest(Request):  # type: ignore[misc]  # Celery is untyped
+    """A step's request: a message taken from a queue consumed without acknowledgement is
+    acknowledged or rejected without a word to the broker (nothing there holds it); from any other
+    queue, as Celery does."""
+
+    def acknowledge(self) -> None:
+        if self._broker_holds_nothing():
+            self.acknowledged = True
+        else:
+            super().acknowledge()
+
+    def reject(self, requeue: bool = False) -> None:
+        if not self._broker_holds_nothing():
+            super().reject(requeue=requeue)
+        elif not self.acknowledged:
+            # Nothing to requeue: the step is owed, and the sweeper publishes it again.
+            self.acknowledged = True
+            self.send_event("task-rejected", requeue=False)
+
+    def _broker_holds_nothing(self) -> bool:
+        queue = self._app.amqp.queues.get(self.delivery_info.get("routing_key"))
+        return bool(queue is not None and queue.no_ack)
+
+
 @app.task(  # type: ignore[untyped-decorator]  # Celery is untyped
     name=STEP_TASK,
     bind=True,
     ignore_result=True,
+    Request=StepRequest,
 )
 def step(self: Any, session_id: str, expected_version: int, request: str = "") -> str:
     ctx = worker_context(worker_settings())
     owner = execution_owner(self.request)
+    # The message has left the queue and `begin_step` has not marked the step picked up.
+    checkpoint("step_taken", ctx.store, session_id)
     with observe.step(self.request, session_id, int(expected_version)) as watch:
         result = run_step(
             ctx.store,

@@ -29,13 +29,19 @@ class Fleet:
         self.client = redis.Redis.from_url(redis_url, decode_responses=True)
 
     def start(
-        self, concurrency: int = 1, wait: bool = True, queues: str = "steps,tools,isolated", **env: str
+        self,
+        concurrency: int = 1,
+        wait: bool = True,
+        queues: str = "steps,tools,isolated",
+        step_threads: int | None = None,
+        **env: str,
     ) -> Worker:
         merged = {**CHAOS_ENV, **env}
         w = Worker(
             worker_env(self.redis_url, self.prefix, **merged),
             queues=queues,
             concurrency=concurrency,
+            step_threads=step_threads,
             log=self.logdir / f"worker{len(self.workers)}.log",
             name=f"c{len(self.workers)}-{uuid.uuid4().hex[:6]}@chaos",
         )

@@ -1,8 +1,9 @@
-"""SIGTERM is a soft shutdown: the step in flight finishes and commits before the worker exits, and
-what the session owes next is picked up by another worker."""
+"""SIGTERM is a warm shutdown: the steps in flight finish and commit before the worker exits, and
+what the sessions owe next is picked up by another worker."""
 
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -11,11 +12,14 @@ import pytest
 
 from celery_agents import Client
 from celery_agents.config import Settings
+from celery_agents.model import UserQuery, parse_agent
+from celery_agents.store import Store
+from celery_agents.tasks.config import Dispatcher, make_app
 from tests.chaos.conftest import Fleet, report
 from tests.chaos.invariants import check_invariants
 from tests.chaos.test_kill_worker import agent, conversation
 from tests.e2e.conftest import wait_for
-from tests.support.llm_server import LlmServer
+from tests.support.llm_server import LlmServer, text
 
 pytestmark = pytest.mark.slow
 
@@ -39,3 +43,42 @@ def test_sigterm_lets_the_running_step_commit(
         check_invariants(store, sid)
         report("sigterm", takeover_s=round(time.monotonic() - started, 2))
     assert llm_server.count(scenario) == 2
+
+
+def test_sigterm_with_steps_in_flight_loses_no_step(
+    fleet: Fleet, chaos_settings: Settings, llm_server: LlmServer
+) -> None:
+    """Step messages are taken without acknowledgement, so nothing in the broker would bring back
+    one the stopping worker dropped: the steps it runs finish before it exits, it takes none of
+    the steps published while it stops (one thread is free, so a BRPOP is outstanding), and every
+    session ends with each model call made once."""
+    scenario = llm_server.scenario([text("done", delay=3)])
+    spec = parse_agent({"slug": "stopping", "model": f"openai/{scenario}", "apiBase": llm_server.url})
+    stopping = fleet.start(step_threads=4)
+    store = Store(fleet.client, chaos_settings)
+    app = make_app(chaos_settings, main="chaos_shutdown")
+
+    def publish(n: int) -> list[str]:
+        sids = [store.create_session(spec, UserQuery(text="go"), drive="auto", owe=True).session_id for _ in range(n)]
+        for sid in sids:
+            Dispatcher(app).step(sid, 1)
+        return sids
+
+    try:
+        running = publish(3)
+        wait_for(lambda: llm_server.count(scenario) == 3, what="three model calls in flight")
+        assert stopping.proc is not None
+        stopping.proc.send_signal(signal.SIGTERM)
+        late = publish(2)
+        assert stopping.proc.wait(timeout=60) == 0
+        for sid in running:
+            assert store.header(sid).status.value == "completed", "a step in flight finished before the exit"
+        waiting = int(store.client.llen(f"{store.keys.celery_prefix}steps"))
+        fleet.start()
+        for sid in running + late:
+            wait_for(lambda sid=sid: store.header(sid).status.value != "active", timeout=60, what=f"{sid} to end")
+            check_invariants(store, sid)
+        report("sigterm_in_flight", late_left_in_queue=waiting)
+    finally:
+        app.close()
+    assert llm_server.count(scenario) == 5, "each model call made once"
