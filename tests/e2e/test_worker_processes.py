@@ -94,3 +94,19 @@ def test_no_process_of_a_worker_outlives_its_sigkilled_supervisor(worker: Worker
     assert len(family) >= 4, family
     os.kill(worker.proc.pid, signal.SIGKILL)  # the supervisor alone, not its process group
     wait_for(lambda: not any(living(p) for p in family), timeout=60, what=f"{family} to follow the supervisor")
+
+
+def test_the_tools_worker_and_its_pool_processes_hold_no_litellm(worker: Worker) -> None:
+    """The tools worker calls no model: it is forked from a zygote of its own that never imports
+    litellm, so neither it nor its pool processes map it (~150 MB of resident memory each)."""
+    assert worker.log is not None
+
+    def maps(pid: int) -> str:
+        return Path(f"/proc/{pid}/maps").read_text()
+
+    pids = role_pids(worker.log)
+    assert "/litellm/" in maps(pids["steps"])
+    tools = [pids["tools"], *descendants(pids["tools"])]
+    assert len(tools) >= 2, tools  # the tools worker and its pool processes
+    for pid in tools:
+        assert "/litellm/" not in maps(pid), pid
