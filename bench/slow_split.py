@@ -42,16 +42,14 @@ def roles(supervisor: int) -> dict[str, int]:
     theirs; the tools worker is the one with pool processes of its own."""
     out = {"supervisor": supervisor}
     steps = 0
-    for zygote in sorted(_children(supervisor)):
-        kids = sorted(_children(zygote))
-        if any(_children(child) for child in kids):
-            out["tools_zygote"] = zygote
-            out["tools"] = kids[0]
-            continue
-        out["steps_zygote"] = zygote
-        for child in kids:
-            out[f"steps{steps}"] = child
-            steps += 1
+    for i, zygote in enumerate(sorted(_children(supervisor))):
+        out[f"zygote{i}"] = zygote
+        for child in sorted(_children(zygote)):
+            if _children(child):
+                out["tools"] = child
+            else:
+                out[f"steps{steps}"] = child
+                steps += 1
     return out
 
 
