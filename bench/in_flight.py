@@ -4,8 +4,9 @@ N sessions (an agent whose model, served by `bench/slow_model.py`, first asks fo
 python tool call, then answers) are created in auto drive and their first steps published back to
 back to one `agents worker` started as a user starts it. Each session takes three steps (model
 call, the tool, model call). Measured: the wall time from the first publish until every session
-has completed, steps per second, the worker tree's peak resident memory (sampled every 0.2 s;
-shared pages count once per process) and the most model requests the server held at once.
+has completed, steps per second, the worker tree's peak resident memory (summed RSS sampled every
+0.2 s, shared pages counted once per process; PSS every second) and the most model requests the
+server held at once.
 """
 
 from __future__ import annotations
