@@ -3,6 +3,7 @@ one that dies is forked again and serves steps, and none outlives a SIGKILLed su
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import uuid
@@ -16,7 +17,7 @@ import redis
 from celery_agents import Client
 from celery_agents.config import Settings
 from tests.e2e.conftest import wait_for
-from tests.support.llm_server import LlmServer, text
+from tests.support.llm_server import LlmServer, calls, text
 from tests.support.workers import Worker, worker_env
 
 pytestmark = pytest.mark.slow
@@ -94,3 +95,34 @@ def test_no_process_of_a_worker_outlives_its_sigkilled_supervisor(worker: Worker
     assert len(family) >= 4, family
     os.kill(worker.proc.pid, signal.SIGKILL)  # the supervisor alone, not its process group
     wait_for(lambda: not any(living(p) for p in family), timeout=60, what=f"{family} to follow the supervisor")
+
+
+def test_the_tools_worker_and_its_pool_processes_hold_no_litellm(worker: Worker) -> None:
+    """The tools worker calls no model: it is forked from a zygote of its own that never imports
+    litellm, so neither it nor its pool processes map it (~150 MB of resident memory each)."""
+    assert worker.log is not None
+
+    def maps(pid: int) -> str:
+        return Path(f"/proc/{pid}/maps").read_text()
+
+    pids = role_pids(worker.log)
+    assert "/litellm/" in maps(pids["steps"])
+    tools = [pids["tools"], *descendants(pids["tools"])]
+    assert len(tools) >= 2, tools  # the tools worker and its pool processes
+    for pid in tools:
+        assert "/litellm/" not in maps(pid), pid
+
+
+def test_steps_processes_hand_the_gil_over_every_50_ms(
+    worker: Worker, settings: Settings, llm_server: LlmServer, write_agent: Any
+) -> None:
+    """A steps process's hundreds of threads give the GIL up at each wait; it is not forced off
+    them every 5 ms (Python's default) on top of that (`STEP_SWITCH_INTERVAL`)."""
+    tool = {"name": "gil", "python": "tests.tools.sample_tools:switch_interval"}
+    scenario = llm_server.scenario([calls(("gil", {})), text("measured")])
+    path = write_agent({"slug": "procs-gil", "model": f"openai/{scenario}", "apiBase": llm_server.url, "tools": [tool]})
+    with Client(settings, inline=False) as api:
+        view = api.start(path, "hi", run=True, wait=True, timeout=120)
+    assert view.response == "measured"
+    answers = [m for m in llm_server.requests[scenario][-1]["messages"] if m.get("role") == "tool"]
+    assert [json.loads(a["content"]) for a in answers] == [pytest.approx(0.05)]

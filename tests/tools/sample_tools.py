@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import os
+import sys
 import threading
 from pathlib import Path
 from typing import Any, Literal
@@ -65,6 +66,12 @@ def mixed() -> list[dict[str, Any]]:
 
 def whoami() -> dict[str, Any]:
     return {"pid": os.getpid(), "env": sorted(os.environ), "cwd": os.getcwd(), "home": os.environ.get("HOME")}
+
+
+def switch_interval() -> float:
+    """The interpreter's GIL switch interval in the process that runs this tool (a runSync python
+    tool runs in the steps process, on the step's thread)."""
+    return sys.getswitchinterval()
 
 
 def big(size: int) -> str:
