@@ -213,7 +213,9 @@ def run_phase(
         elapsed = time.perf_counter() - t0
         cpu1 = cpu_now(pids, postgres)
 
-        resumes = resume_samples(client, sizes.completions)
+        # Only as many workflows as the executors run at once can wait in `recv` at a time.
+        at_once = sum(report["concurrency"] for _, report in executors)
+        resumes = resume_samples(client, sizes.completions, at_once)
     finally:
         watch.close()
         client.destroy()
@@ -238,10 +240,17 @@ def run_phase(
     }
 
 
-def resume_samples(client: Any, m: int) -> list[float]:
+def resume_samples(client: Any, m: int, at_once: int) -> list[float]:
+    """M resume samples, in rounds of at most `at_once` workflows all waiting in `recv` first."""
+    samples: list[float] = []
+    for first in range(0, m, at_once):
+        samples += _resume_round(client, [f"r{i}" for i in range(first, min(m, first + at_once))])
+    return samples
+
+
+def _resume_round(client: Any, ids: list[str]) -> list[float]:
     from bench.dbos_loop import QUEUE, TOPIC, WAITING_EVENT, resume_after_signal
 
-    ids = [f"r{i}" for i in range(m)]
     for wid in ids:
         client.enqueue({"queue_name": QUEUE, "workflow_name": resume_after_signal.__qualname__, "workflow_id": wid})
     for wid in ids:
