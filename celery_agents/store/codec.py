@@ -76,12 +76,19 @@ def outcome_json(
     return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
 
 
+def event_at(eid: str, fields: dict[str, str]) -> float:
+    """When an event was written (Redis's clock, s): its `at`, or for an event written as a script's
+    clock (no `at`: store/lua/_lib.lua) the milliseconds of its stream id."""
+    at = fields.get("at")
+    return float(at) if at is not None else int(eid.partition("-")[0]) / 1000
+
+
 def event_from_entry(eid: str, fields: dict[str, str]) -> dict[str, Any]:
     data = json.loads(fields.get("data") or "{}")
     return {
         "id": eid,
         "type": fields.get("type", ""),
-        "at": float(fields.get("at", 0)),
+        "at": event_at(eid, fields),
         "version": int(fields.get("version", 0)),
         **data,
     }

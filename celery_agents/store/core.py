@@ -45,13 +45,15 @@ class StoreCore:
         now: float | None = None,
         pipe: Any = None,
         request_id: str = "",
+        clock: str = "",
     ) -> Any:
         # One id per call: the client's retries after a lost reply resend it, and the script
         # answers them with the first reply (`once` in store/lua/_lib.lua).
         keys = self.keys.script_keys(sid, request_id or uuid.uuid4().hex, *extra_keys)
         try:
-            # No `now`: the script reads Redis's clock (durable times never come from a worker's).
-            stamp = "" if now is None else repr(now)
+            # No `now`: the script reads Redis's clock (durable times never come from a worker's),
+            # with TIME or (`clock="event"`) from the stream id of the first event it writes.
+            stamp = clock if now is None else repr(now)
             return self.scripts.run(name, keys, [stamp, self.settings.events_maxlen, sid, *args], client=pipe)
         except redis.ConnectionError as exc:
             raise RedisUnavailable(f"cannot reach Redis: {exc}") from exc

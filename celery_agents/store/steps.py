@@ -122,7 +122,12 @@ class StepStore(StoreCore):
         check_session_id(session_id)
         lease_ms = int(self.settings.lease_seconds * 1000)
         seen = self._turn_cache.get(session_id)
-        res = self._run("begin_step", session_id, [version, owner, lease_ms, request, len(seen.turns) if seen else 0])
+        res = self._run(
+            "begin_step",
+            session_id,
+            [version, owner, lease_ms, request, len(seen.turns) if seen else 0],
+            clock="event",
+        )
         if res[0] == "ok":
             loaded = self._loaded(session_id, res[1], seen)
             loaded.redis_now = int(res[2]) / 1000

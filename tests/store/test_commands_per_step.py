@@ -64,9 +64,9 @@ def test_each_extra_tool_call_of_a_step_costs_one_command_its_event(store: Store
 def test_a_step_begins_and_commits_in_few_commands(store: Store) -> None:
     _step_commands(store, 1)
     begin_commands, commit_commands = _step_commands(store, 1)
-    # begin_step: EVALSHA, TIME, HGETALL, SET (lease), XADD (step_started), HGETALL (journal: a tools
-    # step); no LRANGE: this process has every turn cached
-    assert begin_commands <= 6
+    # begin_step: EVALSHA, HGETALL, SET (lease), XADD (step_started: its id is the script's time, no
+    # TIME), HGETALL (journal: a tools step); no LRANGE: this process has every turn cached
+    assert begin_commands <= 5
     # commit_step of a tools step with one call: EVALSHA, TIME, HMGET, GETDEL (lease), RPUSH, HSET
     # (calls), HSET (header), ZREM, ZADD (sessions, state), XADD (tool_finished, step_committed),
     # DEL (journal); see docs/performance.md
@@ -76,8 +76,8 @@ def test_a_step_begins_and_commits_in_few_commands(store: Store) -> None:
 def test_a_one_step_session_begins_and_commits_in_few_commands(store: Store) -> None:
     _model_step_commands(store)
     begin_commands, commit_commands = _model_step_commands(store)
-    # begin_step: EVALSHA, TIME, HGETALL, SET (lease), XADD (step_started), LRANGE (turns)
-    assert begin_commands <= 6
+    # begin_step: EVALSHA, HGETALL, SET (lease), XADD (step_started), LRANGE (turns)
+    assert begin_commands <= 5
     # commit_step: EVALSHA, TIME, HMGET, GETDEL (lease), RPUSH, HSET, ZREM, ZADD (sessions, state),
     # XADD (llm_called, completed, step_committed)
     assert commit_commands <= 12

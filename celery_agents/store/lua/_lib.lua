@@ -15,15 +15,20 @@ local STATE_KEYS = {
 }
 local NKEYS = 22
 -- Durable times (deadlines compared, owed and index scores, updated times) come from Redis's clock,
--- the one clock every worker shares; a worker's own clock may be off by any amount.
-local NOW_MS
-if ARGV[1] ~= '' then
+-- the one clock every worker shares; a worker's own clock may be off by any amount. ARGV[1] =
+-- 'event': the script's first event is written before it needs the time, and the time is that
+-- event's stream id (Redis's clock in ms, as TIME would give, one command fewer); the event itself
+-- then carries no `at` field, its readers take it from its id (store/codec.py `event_from_entry`).
+local NOW_MS, NOW
+if ARGV[1] == 'event' then
+  NOW_MS = nil
+elseif ARGV[1] ~= '' then
   NOW_MS = math.floor(tonumber(ARGV[1]) * 1000)
 else
   local t = redis.call('TIME')
   NOW_MS = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
-local NOW = string.format('%.3f', NOW_MS / 1000)
+if NOW_MS then NOW = string.format('%.3f', NOW_MS / 1000) end
 local MAXLEN = ARGV[2]
 local SID = ARGV[3]
 
@@ -38,8 +43,15 @@ local function set_version(v)
 end
 
 local function emit(kind, data)
-  return redis.call('XADD', K.events, 'MAXLEN', '~', MAXLEN, '*',
-    'type', kind, 'at', NOW, 'version', version(), 'data', data or '{}')
+  if NOW then
+    return redis.call('XADD', K.events, 'MAXLEN', '~', MAXLEN, '*',
+      'type', kind, 'at', NOW, 'version', version(), 'data', data or '{}')
+  end
+  local id = redis.call('XADD', K.events, 'MAXLEN', '~', MAXLEN, '*',
+    'type', kind, 'version', version(), 'data', data or '{}')
+  NOW_MS = tonumber(string.match(id, '^(%d+)'))
+  NOW = string.format('%.3f', NOW_MS / 1000)
+  return id
 end
 
 -- Mark the session updated now, in the index of its state (`st` when the caller knows it), and

@@ -2,7 +2,8 @@
 -- ARGV[4] = expected version, ARGV[5] = lease owner, ARGV[6] = lease ms, ARGV[7] = request id,
 -- ARGV[8] = index of the first turn the caller does not have. On success returns {'ok', payload,
 -- Redis's time in ms} (the step stamps its times from that clock, not its host's).
--- The header is read once (HGETALL) and serves the checks, the events and the payload.
+-- The header is read once (HGETALL) and serves the checks, the events and the payload. Its time
+-- is that of the event it writes (ARGV[1] = 'event', see _lib.lua): every path emits one first.
 local flat, meta = read_meta()
 if not meta.version then return {'missing'} end
 set_version(meta.version)
