@@ -60,6 +60,11 @@ class Unchanged:
             if entries[: len(old)] == old and len(rejected) == len(new):
                 self.rejections += rejected
                 after[key] = (kind, old)
+        # A worker starting meanwhile makes the completions stream for its consumer group (empty):
+        # not a change a command made.
+        stream = f"{self.prefix}:completions"
+        if after.get(stream) == ("stream", []) and stream not in self.before:
+            del after[stream]
         changed = {
             k: (self.before.get(k), after.get(k))
             for k in set(self.before) | set(after)
