@@ -81,3 +81,19 @@ def test_a_one_step_session_begins_and_commits_in_few_commands(store: Store) -> 
     # commit_step: EVALSHA, TIME, HMGET, GETDEL (lease), RPUSH, HSET, ZREM, ZADD (sessions, state),
     # XADD (llm_called, completed, step_committed)
     assert commit_commands <= 12
+
+
+def test_step_started_has_redis_s_time_from_its_stream_id_and_the_step_stamps_with_it(store: Store) -> None:
+    sid = start(store)
+    before = store.server_time()
+    begun = store.begin_step(sid, 1, "w1", request="test")
+    after = store.server_time()
+    assert begun.loaded is not None
+    started = [e for e in store.read_events(sid) if e["type"] == "step_started"]
+    assert len(started) == 1
+    raw = store.client.xrange(store.keys.events(sid), min=started[0]["id"], max=started[0]["id"])
+    assert "at" not in raw[0][1]  # written without it: its id is its time
+    # whole milliseconds of Redis's clock, as TIME gave before
+    assert int(before * 1000) / 1000 <= started[0]["at"] <= after
+    assert started[0]["at"] == int(started[0]["id"].split("-")[0]) / 1000
+    assert begun.loaded.redis_now == started[0]["at"]
