@@ -62,16 +62,27 @@ class _Renewer:
             # Short leases (tests) are renewed as often as they need.
             tick = min([_TICK] + [max(0.02, h.store.settings.lease_seconds / 3) for h in current])
             now = time.monotonic()
+            due: dict[int, list[_Held]] = {}
             for h in current:
                 try:
                     if h.still_wanted is not None and not h.cancel.is_set() and not h.still_wanted():
                         h.cancel.set()
-                    if now >= h.next_renew:
-                        h.next_renew = now + max(0.05, h.store.settings.lease_seconds / 3)
-                        if not h.store.renew_lease(h.key, h.owner):
-                            h.lost = True
+                except Exception:  # Redis blips: asked again next tick
+                    pass
+                if now >= h.next_renew:
+                    h.next_renew = now + max(0.05, h.store.settings.lease_seconds / 3)
+                    due.setdefault(id(h.store), []).append(h)
+            # All the leases one store holds are renewed in one round trip, however many there are.
+            for batch in due.values():
+                try:
+                    renewed = batch[0].store.renew_leases([(h.key, h.owner) for h in batch])
                 except Exception:  # Redis blips: the commit's checks decide in the end
+                    for h in batch:
+                        h.next_renew = now  # tried again next tick
                     continue
+                for h, ok in zip(batch, renewed, strict=True):
+                    if not ok:
+                        h.lost = True
 
 
 _renewer: _Renewer | None = None

@@ -139,6 +139,17 @@ class StepStore(StoreCore):
         lease_ms = int(self.settings.lease_seconds * 1000)
         return bool(self.scripts.run("lease_renew", [key], [owner, lease_ms]))
 
+    def renew_leases(self, held: list[tuple[str, str]]) -> list[bool]:
+        """Extend many leases (`(key, owner)` pairs) in one round trip; each is extended only if its
+        owner still holds it. A process holding hundreds of leases renews them all in one go."""
+        if not held:
+            return []
+        lease_ms = int(self.settings.lease_seconds * 1000)
+        pipe = self.client.pipeline(transaction=False)
+        for key, owner in held:
+            self.scripts.run("lease_renew", [key], [owner, lease_ms], client=pipe)
+        return [bool(r) for r in pipe.execute()]
+
     def commit(self, record: CommitRecord, now: float | None = None) -> Committed:
         """Commit a step at `record.version`, unless the session moved on or the lease was lost."""
         sid = record.session_id

@@ -7,7 +7,8 @@ It forwards bytes both ways and, on demand:
   its reply is thrown away and the client's connection closed, like a reply lost on the way back
   (the write happened; the client sees a connection error and may retry);
 - `switch(port)`: later connections go to another server and open ones are closed, like a
-  failover behind a stable address.
+  failover behind a stable address;
+- `latency`: seconds every request waits before it goes up, like a distant or loaded server.
 
 Each client connection gets its own upstream connection and two forwarding threads.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -49,8 +51,9 @@ class _Pair:
 class TcpProxy:
     """`TcpProxy(target_port).start()`; clients connect to `url` (or `port`)."""
 
-    def __init__(self, target_port: int, port: int | None = None) -> None:
+    def __init__(self, target_port: int, port: int | None = None, latency: float = 0.0) -> None:
         self.target_port = target_port
+        self.latency = latency
         self.port = port or free_port()
         self._pairs: list[_Pair] = []
         self._lock = threading.Lock()
@@ -156,6 +159,8 @@ class TcpProxy:
                 if self._marker is not None and self._marker in data:
                     self._marker = None
                     pair.drop_next_reply = True
+            if self.latency:
+                time.sleep(self.latency)  # the fault itself: every request is late by this much
             try:
                 pair.upstream.sendall(data)
             except OSError:
