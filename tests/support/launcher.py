@@ -40,8 +40,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULE = "celery_agents.cli.main"
-#: keys outside AGENTS_* a forked process may have: read when used, not at import
-FORKABLE = frozenset({"OPENAI_API_KEY", "COLUMNS"})
+#: keys outside AGENTS_* a forked process may have: read when used, not at import. pytest sets
+#: PYTEST_CURRENT_TEST anew for every test: were it compared, only the first test's workers and
+#: commands could fork, and every later one would pay a fresh interpreter's imports (~10 s of CPU).
+FORKABLE = frozenset({"OPENAI_API_KEY", "COLUMNS", "PYTEST_CURRENT_TEST"})
 
 
 def base_env() -> dict[str, str]:

@@ -1,0 +1,25 @@
+"""The test run's warm launcher forks the workers and commands of every test, not only of the
+first: what pytest changes in the environment from test to test does not force a fresh
+interpreter (~10 s of imports each)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.cli.process import CLI, cli_env
+from tests.support.launcher import launcher
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_each_test_may_fork_its_commands(n: int) -> None:
+    env = cli_env(None, "agents")
+    assert env.get("PYTEST_CURRENT_TEST", "").endswith(f"[{n}] (call)")
+    assert launcher().can_fork(list(CLI), env), "a command of this test would be exec'd afresh"
+
+
+def test_an_environment_that_differs_is_still_execd() -> None:
+    env = {**cli_env(None, "agents"), "SOME_LIBRARY_SETTING": "1"}
+    assert not launcher().can_fork(list(CLI), env)
+    assert "SOME_LIBRARY_SETTING" not in os.environ
