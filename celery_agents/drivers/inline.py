@@ -95,16 +95,25 @@ class InlineDriver:
     def interrupted(self, session_id: str) -> bool:
         """Nothing else would drive the session: its step is let go and the session paused."""
         store = self.store
+        if store.header(session_id).drive != "manual":  # not paused by the step itself (run_step)
+            store.set_drive(session_id, "manual")
         if store.lease_holder(session_id) == self.owner:
             store.end_step(session_id, self.owner, "", "interrupted", keep_owed=True)
-        store.set_drive(session_id, "manual")
         return True
 
     def _step(self, session_id: str, version: int) -> str:
         from celery_agents.runtime import run_step
 
         runners = self.runners
-        result = run_step(self.store, session_id, version, llm=runners.llm, tools=runners.tools, owner=self.owner)
+        result = run_step(
+            self.store,
+            session_id,
+            version,
+            llm=runners.llm,
+            tools=runners.tools,
+            owner=self.owner,
+            pause_on_interrupt=True,
+        )
         if result.outcome == "busy":
             raise SessionNotAdvanceable(
                 f"session {session_id} is running a step elsewhere; try again when it ends", session_id=session_id

@@ -15,6 +15,7 @@ import redis
 from celery_agents import observe
 from celery_agents.errors import RedisUnavailable, UntrustedSpec
 from celery_agents.model import ErrorInfo, ScriptOutcome, SessionHeader, State, StepOutcome, TrackedCall, UserQuery
+from celery_agents.runtime.faults import checkpoint
 from celery_agents.runtime.lease import LeaseKeeper
 from celery_agents.runtime.ports import Fence, JournaledLlm, JournaledTools, RedisClock, SecureIds
 from celery_agents.scheduler import Ports, Snapshot, Transition, advance
@@ -61,7 +62,10 @@ def run_step(
     request: str = "",
     clock: Clock | None = None,
     ids: Ids | None = None,
+    pause_on_interrupt: bool = False,
 ) -> StepResult:
+    """One step of `session_id` at `version` under `owner`. `pause_on_interrupt` (a step run by the
+    command that drives the session, which nothing else drives): Ctrl-C pauses the session."""
     begun = store.begin_step(session_id, version, owner, request)
     loaded = begun.loaded
     if loaded is None:
@@ -74,9 +78,15 @@ def run_step(
         log.warning("%s: it starts and writes nothing more", exc)
         return StepResult(outcome="lost", version=version)
     except KeyboardInterrupt:
-        # Ctrl-C of an inline step: let the session go now, not when the lease lapses (30 s), and
-        # leave the step owed so that the next `resume` (or a worker) runs it.
+        # Ctrl-C of an inline step: let the session go now, not when the lease lapses (30 s). Paused,
+        # it is owed nothing until `resume` or `step`; the pause comes first, while the lease still
+        # holds, or a worker's sweeper could take the step up in between. Otherwise the step stays
+        # owed, for the next `resume` or a worker.
+        if pause_on_interrupt:
+            with contextlib.suppress(Exception):
+                store.set_drive(session_id, "manual")
         _safe_end(store, session_id, owner, request, "interrupted", keep_owed=True)
+        checkpoint("step_interrupted", store, session_id)
         raise
     except (RedisUnavailable, redis.ConnectionError, redis.TimeoutError):
         # Infrastructure, not the session: leave it owed so that it is tried again.

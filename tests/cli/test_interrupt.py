@@ -73,6 +73,29 @@ def test_ctrl_c_inline_pauses_the_session_and_says_how_to_resume(
     assert resumed.returncode == 0 and resumed.stdout.endswith("answer: resumed answer\n"), str(resumed)
 
 
+def test_an_interrupted_inline_step_stays_paused_with_a_worker_sweeping_the_same_redis(
+    llm_server: LlmServer, qenv: dict[str, str], tmp_path: Path
+) -> None:
+    """The package's worker sweeps this prefix every 0.2 s and republishes any step owed that no
+    lease holds. The interrupted command stops for 3 s just after letting its step's lease go
+    (checkpoint `step_interrupted`): the pause must already hold by then, or the worker takes the
+    step up and calls the model the person stopped."""
+    agent, scenario = slow_agent(llm_server, tmp_path, text("too late", delay=60), text("not asked for"))
+    env = {**qenv, "AGENTS_FAULT_PAUSE": "step_interrupted", "AGENTS_FAULT_PAUSE_SECONDS": "3"}
+    running = Running(["run", "--agent-file", str(agent), "-p", "hello", "--inline"], env)
+    sid = running.wait_for_line("session ").split()[1]
+    poll(lambda: llm_server.count(scenario) == 1, "the model to be called", timeout=60)
+    code, _, err = running.interrupt()
+    assert code == 130 and f"session {sid} was paused" in err, err
+    view = ok(agents("session", "show", sid, "--json", env=qenv))
+    assert view["state"] == "ready" and view["steps"] == 0, view
+    assert llm_server.count(scenario) == 1, "a worker called the model for a paused session"
+    logs = agents("session", "logs", sid, "--json", env=qenv)
+    assert logs.returncode == 0, str(logs)
+    events = [e["type"] for e in logs.lines]
+    assert events.count("paused") == 1, events
+
+
 def test_ctrl_c_with_workers_leaves_the_session_going_on(
     llm_server: LlmServer, qenv: dict[str, str], tmp_path: Path
 ) -> None:
