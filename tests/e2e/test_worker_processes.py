@@ -60,8 +60,12 @@ def role_pids(log: Path) -> dict[str, int]:
 
 
 @pytest.fixture
-def worker(redis_url: str, prefix: str, tmp_path: Path) -> Iterator[Worker]:
-    w = Worker(worker_env(redis_url, prefix), log=tmp_path / "worker.log", name=f"procs-{uuid.uuid4().hex[:6]}@test")
+def worker(redis_url: str, prefix: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Worker]:
+    # A test of what the worker's processes import runs a fresh interpreter (`fork=False`): one
+    # forked from the test run's launcher would have its imports (litellm) mapped already.
+    fresh = request.node.get_closest_marker("fresh_interpreter") is not None
+    name = f"procs-{uuid.uuid4().hex[:6]}@test"
+    w = Worker(worker_env(redis_url, prefix), log=tmp_path / "worker.log", name=name, fork=not fresh)
     w.start()
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     try:
@@ -97,6 +101,7 @@ def test_no_process_of_a_worker_outlives_its_sigkilled_supervisor(worker: Worker
     wait_for(lambda: not any(living(p) for p in family), timeout=60, what=f"{family} to follow the supervisor")
 
 
+@pytest.mark.fresh_interpreter
 def test_the_tools_worker_and_its_pool_processes_hold_no_litellm(worker: Worker) -> None:
     """The tools worker calls no model: it is forked from a zygote of its own that never imports
     litellm, so neither it nor its pool processes map it (~150 MB of resident memory each)."""
