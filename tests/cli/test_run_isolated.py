@@ -30,7 +30,9 @@ def test_run_isolated_runs_the_calls_here_and_logs_follow_shows_it(
     waiting = check_view(ok(agents("session", "step", sid, "--json", env=qenv)))
     assert waiting["state"] == "waiting"
     assert [(p["tool"], p["disposition"]) for p in waiting["pending"]] == [("probe_iso", "runIsolated")]
-    assert cli_redis.llen(f"{cli_prefix}:celery:isolated") == queued + 1  # dispatched; nobody consumes it
+    # Dispatched (the worker publishes the call just after the commit the step's view shows), and
+    # nobody consumes it: no worker here serves the isolated queue.
+    poll(lambda: cli_redis.llen(f"{cli_prefix}:celery:isolated") == queued + 1, "the call's message to be queued")
 
     follower = subprocess.Popen(
         [*CLI, "session", "logs", sid, "--follow", "--json"],

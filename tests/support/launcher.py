@@ -44,6 +44,9 @@ MODULE = "celery_agents.cli.main"
 #: PYTEST_CURRENT_TEST anew for every test: were it compared, only the first test's workers and
 #: commands could fork, and every later one would pay a fresh interpreter's imports (~10 s of CPU).
 FORKABLE = frozenset({"OPENAI_API_KEY", "COLUMNS", "PYTEST_CURRENT_TEST"})
+#: what importing litellm sets in its process's environment (the launcher's imports set them too):
+#: a test that called litellm in the test process has them, and its later workers may still fork
+SET_BY_IMPORTS = frozenset({"LITELLM_LOG", "TIKTOKEN_CACHE_DIR"})
 
 
 def base_env() -> dict[str, str]:
@@ -112,11 +115,17 @@ class Launcher:
         """Whether a worker with this argv and environment may be forked (see the module doc)."""
         if argv[1:3] != ["-m", MODULE] or argv[0] != sys.executable:
             return False
+        return not self.differences(env) and self.proc.poll() is None
+
+    def differences(self, env: Mapping[str, str]) -> list[str]:
+        """The keys of `env` that rule a fork out: those, outside AGENTS_*, FORKABLE and what
+        importing litellm sets, whose value differs from the launcher's environment."""
 
         def fixed(e: Mapping[str, str]) -> dict[str, str]:
-            return {k: v for k, v in e.items() if not k.startswith("AGENTS_") and k not in FORKABLE}
+            return {k: v for k, v in e.items() if not k.startswith("AGENTS_") and k not in FORKABLE | SET_BY_IMPORTS}
 
-        return fixed(env) == fixed(self.env) and self.proc.poll() is None
+        ours, theirs = fixed(self.env), fixed(env)
+        return sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
 
     def spawn(
         self,
