@@ -56,7 +56,14 @@ def size_http_pool(connections: int) -> None:
     litellm shares one HTTP client per endpoint between all threads of a process for
     OpenAI-compatible models, and httpx's default pool holds 100 connections: the 101st
     concurrent call would wait for a free one. A steps worker with more threads than that sizes
-    the shared client for its threads (same TLS and HTTP/2 settings as litellm's own)."""
+    the shared client for its threads (same TLS and HTTP/2 settings as litellm's own).
+
+    Its idle connections do not expire (httpx closes them after 5 s by default): httpcore's sync
+    pool may close an expired idle connection just as another thread starts a request on it, and
+    that request then hangs until its read timeout (encode/httpcore#1110; seen as the odd model
+    call of hundreds in flight stalling for the whole request timeout). The pool never holds more
+    idle connections than it may open, so it closes none for being surplus either; a connection the
+    server closed is still found closed and dropped before reuse."""
     litellm = ensure_litellm()
     import httpx
     from litellm.llms.custom_httpx.http_handler import get_ssl_configuration, http2_enabled
@@ -66,7 +73,9 @@ def size_http_pool(connections: int) -> None:
             verify=get_ssl_configuration(),
             follow_redirects=True,
             http2=http2_enabled(),
-            limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
+            limits=httpx.Limits(
+                max_connections=connections, max_keepalive_connections=connections, keepalive_expiry=None
+            ),
         )
 
 
