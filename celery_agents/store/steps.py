@@ -134,14 +134,10 @@ class StepStore(StoreCore):
             return Begun("ok", loaded)
         return Begun(res[0], detail=str(res[1]) if len(res) > 1 else "")
 
-    def renew_lease(self, key: str, owner: str) -> bool:
-        """Extend a lease (a session's step lease or a call's) if `owner` still holds it."""
-        lease_ms = int(self.settings.lease_seconds * 1000)
-        return bool(self.scripts.run("lease_renew", [key], [owner, lease_ms]))
-
     def renew_leases(self, held: list[tuple[str, str]]) -> list[bool]:
-        """Extend many leases (`(key, owner)` pairs) in one round trip; each is extended only if its
-        owner still holds it. A process holding hundreds of leases renews them all in one go."""
+        """Extend leases (a session's step lease or a call's: `(key, owner)` pairs) in one round
+        trip; each only if its owner still holds it. A process holding hundreds of leases renews
+        them all in one go."""
         if not held:
             return []
         lease_ms = int(self.settings.lease_seconds * 1000)
