@@ -11,9 +11,9 @@ forking its Celery workers from its own zygote in turn (tasks/supervisor.py).
 
 A process's /proc/<pid>/environ shows the environment it was exec'd with, not the one set after a
 fork: a test that looks for a secret there execs its worker (`Worker(..., fork=False)`). A worker
-whose environment differs from the launcher's in more than `AGENTS_*` and `FORKABLE` (a library
-setting read at import) is exec'd as before (`can_fork`). Protocol on the launcher's stdin and
-stdout: a JSON request `{"argv", "env", "log"}` per line; replies `pid N` (in order), and
+whose environment differs from the launcher's in more than `AGENTS_*`, `FORKABLE` and
+`SET_BY_IMPORTS` (a library setting read at import) is exec'd as before (`can_fork`). Protocol on
+the launcher's stdin and stdout: a JSON request `{"argv", "env", "log"}` per line; replies `pid N` (in order), and
 `exit N CODE` when one ends.
 """
 
