@@ -26,32 +26,52 @@ LATENCY_S = 0.01
 def hold_many(store: Store) -> tuple[set[str], list[LeaseKeeper]]:
     store = Store(store.client, dataclasses.replace(store.settings, lease_seconds=LEASE_S))
     keys = [store.keys.lease(f"s{i:04d}") for i in range(HELD)]
-    start, stop = threading.Barrier(HELD + 1, timeout=60), threading.Event()
+    stop = threading.Event()
     keepers: list[LeaseKeeper] = []
+    #: when each holder started, took its lease and began renewing it (monotonic seconds)
+    marks: dict[str, list[float]] = {"started": [], "taken": [], "renewing": []}
+    holding = threading.Semaphore(0)
+
+    errors: list[BaseException] = []
 
     def hold(i: int) -> None:
+        marks["started"].append(time.monotonic())
         # As a step does: take the lease, then keep it while working.
-        assert store.client.set(keys[i], f"owner{i}", px=int(LEASE_S * 1000))
+        try:
+            assert store.client.set(keys[i], f"owner{i}", px=int(LEASE_S * 1000))
+        except BaseException as e:
+            errors.append(e)
+            raise
+        marks["taken"].append(time.monotonic())
         with LeaseKeeper(store, keys[i], f"owner{i}") as keeper:
             keepers.append(keeper)
-            start.wait()
+            marks["renewing"].append(time.monotonic())
+            holding.release()
             stop.wait()
 
-    threads = [threading.Thread(target=hold, args=(i,)) for i in range(HELD)]
+    threads = [threading.Thread(target=hold, args=(i,), daemon=True) for i in range(HELD)]
+    t0 = time.monotonic()
     for t in threads:
         t.start()
-    start.wait()
-    lapsed: set[str] = set()
-    deadline = time.monotonic() + 3.5 * LEASE_S  # three and a half lease lengths
-    while time.monotonic() < deadline:
-        pipe = store.client.pipeline(transaction=False)
-        for key in keys:
-            pipe.exists(key)
-        lapsed |= {k for k, alive in zip(keys, pipe.execute(), strict=True) if not alive}
-        time.sleep(0.1)
-    stop.set()
-    for t in threads:
-        t.join()
+    try:
+        deadline = t0 + 120
+        for _ in range(HELD):
+            if not holding.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                stages = ", ".join(f"{len(v)} {k} (last at {max(v, default=t0) - t0:.1f} s)" for k, v in marks.items())
+                raise AssertionError(f"of {HELD} holders after {time.monotonic() - t0:.0f} s: {stages}; {errors[:3]}")
+        lapsed: set[str] = set()
+        deadline = time.monotonic() + 3.5 * LEASE_S  # three and a half lease lengths
+        while time.monotonic() < deadline:
+            pipe = store.client.pipeline(transaction=False)
+            for key in keys:
+                pipe.exists(key)
+            lapsed |= {k for k, alive in zip(keys, pipe.execute(), strict=True) if not alive}
+            time.sleep(0.1)
+        stop.set()
+        for t in threads:
+            t.join()
+    finally:
+        stop.set()
     return lapsed, keepers
 
 
