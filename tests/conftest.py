@@ -45,13 +45,17 @@ ROOT = Path(__file__).resolve().parent.parent
 #: files out in collection order (`--no-loadscope-reorder`), and one of these started last would
 #: keep the whole run waiting on it alone. A file missing here only runs later, in its usual place.
 LONGEST_FILES = (
-    "tests/bench/test_bench_smoke.py",  # ~235 s
-    "tests/e2e/test_no_leaks.py",  # ~165 s
-    "tests/tools/test_trust_e2e.py",  # ~150 s
-    "tests/chaos/test_load.py",  # ~140 s
-    "tests/tools/mcp/test_calls.py",
+    # wall time in a full `-n 4` run on 2 cores (2026-12-02)
+    "tests/bench/test_bench_smoke.py",  # ~180 s
+    "tests/e2e/test_no_leaks.py",  # ~155 s
+    "tests/chaos/test_load.py",  # ~120 s
+    "tests/tools/test_trust_e2e.py",  # ~110 s with its workers' start
+    "tests/chaos/test_many_in_flight.py",  # ~70 s
+    "tests/cli/test_interrupt.py",  # ~45 s
+    "tests/tools/mcp/test_calls.py",  # ~40 s
+    "tests/cli/test_retention.py",  # ~35 s
+    "tests/chaos/test_worker_availability.py",  # ~32 s
     "tests/e2e/test_secured_redis.py",
-    "tests/cli/test_interrupt.py",
     "tests/cli/test_errors.py",
     "tests/chaos/test_redis_restart.py",
     "tests/chaos/test_zombie.py",
