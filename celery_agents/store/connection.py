@@ -9,11 +9,18 @@ from redis.retry import Retry
 from celery_agents.config import Settings
 from celery_agents.store.embedded import EmbeddedRedis
 
+#: Connections one client may open at once. A steps process runs up to 200 steps on threads (more
+#: with `--step-threads`), each with a Redis call in flight; redis-py 8 caps a pool at 100 unless
+#: told otherwise and fails the 101st call at once ("Too many connections"). Redis's own
+#: `maxclients` defaults to 10,000: the pool opens only what its threads use at once.
+MAX_CONNECTIONS = 10_000
+
 
 def client_for_url(url: str) -> redis.Redis:
     """A client for a `redis://`, `rediss://` or `unix://` URL (passwords and ACL users included)."""
     return redis.Redis.from_url(
         url,
+        max_connections=MAX_CONNECTIONS,
         # The version CLIENT SETINFO reports, given rather than looked up in the installed
         # packages' metadata (importlib.metadata) by every new connection: ~5 ms of a CLI start.
         driver_info=redis.DriverInfo(lib_version=redis.__version__),
