@@ -1,7 +1,9 @@
 """Calling a model through litellm: request in, `LlmTurn` out, failures classified and retried.
 
 Retries happen here only (the SDK's own retries are switched off): transient failures are retried
-with exponential backoff and full jitter, honouring `Retry-After`, within one budget per step.
+with exponential backoff and full jitter, honouring `Retry-After`, within one budget per step. A
+call that goes over the network runs as a coroutine on the process's model loop while the step's
+thread waits for it (`llm/loop.py`); the offline demo model is answered on the step's thread.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from typing import Any
 from celery_agents import observe
 from celery_agents.backoff import exponential_backoff
 from celery_agents.config import Settings
+from celery_agents.llm.demo import PROVIDER as DEMO_PROVIDER
 from celery_agents.llm.demo import register_demo_model
 from celery_agents.llm.errors import classify
+from celery_agents.llm.loop import wait_on_loop
 from celery_agents.model import LlmTurn, ToolCall, Usage
 from celery_agents.scheduler.ports import LlmFailure, LlmRequest
 
@@ -48,35 +52,6 @@ def ensure_litellm() -> Any:
     import litellm
 
     return litellm
-
-
-def size_http_pool(connections: int) -> None:
-    """Let `connections` model calls of this process be in flight at once.
-
-    litellm shares one HTTP client per endpoint between all threads of a process for
-    OpenAI-compatible models, and httpx's default pool holds 100 connections: the 101st
-    concurrent call would wait for a free one. A steps worker with more threads than that sizes
-    the shared client for its threads (same TLS and HTTP/2 settings as litellm's own).
-
-    Its idle connections do not expire (httpx closes them after 5 s by default): httpcore's sync
-    pool may close an expired idle connection just as another thread starts a request on it, and
-    that request then hangs until its read timeout (encode/httpcore#1110; seen as the odd model
-    call of hundreds in flight stalling for the whole request timeout). The pool never holds more
-    idle connections than it may open, so it closes none for being surplus either; a connection the
-    server closed is still found closed and dropped before reuse."""
-    litellm = ensure_litellm()
-    import httpx
-    from litellm.llms.custom_httpx.http_handler import get_ssl_configuration, http2_enabled
-
-    if litellm.client_session is None:
-        litellm.client_session = httpx.Client(
-            verify=get_ssl_configuration(),
-            follow_redirects=True,
-            http2=http2_enabled(),
-            limits=httpx.Limits(
-                max_connections=connections, max_keepalive_connections=connections, keepalive_expiry=None
-            ),
-        )
 
 
 def warm_up() -> None:
@@ -236,7 +211,10 @@ class LitellmPort:
             kwargs["tools"] = request.tools
         if api_base:
             kwargs["api_base"] = api_base
-        if model.startswith("demo/"):
+        # The demo model answers in this process and waits on nothing: it is called right here. Every
+        # other model waits on the network, on the process's model loop (llm/loop.py).
+        local = model.startswith(f"{DEMO_PROVIDER}/")
+        if local:
             register_demo_model(litellm, model)
         key = _api_key(model, api_base, api_key_env, agent.slug)
         if key:
@@ -248,7 +226,7 @@ class LitellmPort:
             started = time.monotonic()
             try:
                 self.requests += 1
-                response = litellm.completion(**kwargs)
+                response = litellm.completion(**kwargs) if local else wait_on_loop(litellm.acompletion(**kwargs))
                 return to_llm_turn(response, (time.monotonic() - started) * 1000, time.time())
             except LlmFailure:
                 raise

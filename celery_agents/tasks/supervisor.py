@@ -166,6 +166,12 @@ class Supervisor:
         os.set_blocking(ready_r, False)
         # Before the zygote: the Celery workers it forks inherit the metrics folder's name.
         metrics_path = self._metrics_folder(Settings.from_env().home)
+        if "steps" in self.plan.queues:
+            from celery_agents.llm.loop import allow_connections
+
+            # Every thread of a steps process may wait on the model at once. Before the zygote
+            # imports litellm, which reads its connection limits then.
+            allow_connections(self.plan.step_threads + 4)
         # Before any thread and any signal handler of ours: the zygotes' children inherit neither.
         # One zygote per role: the tools worker's holds no litellm.
         zygotes: dict[str, Zygote] = {}
@@ -484,13 +490,9 @@ def child_main(role: str, parent: int, ready_fd: int, argv: list[str]) -> None:
 
     services.run_as_child(role)
     if role == "steps":
-        from celery_agents.llm.adapter import size_http_pool
-
         threads = int(argv[argv.index("-c") + 1])
         # Every thread may publish at once (the next step, dispatched calls): one broker
-        # connection each, instead of queueing for kombu's default 10. And every thread may
-        # wait on the model at once.
+        # connection each, instead of queueing for kombu's default 10.
         app.conf.broker_pool_limit = threads + 4
-        size_http_pool(threads + 4)
         sys.setswitchinterval(STEP_SWITCH_INTERVAL)
     app.worker_main(argv)

@@ -1,0 +1,81 @@
+"""One asyncio event loop per process, on a thread of its own, that every model call waiting on the
+network runs on.
+
+A step runs on a thread of its steps process and waits for its model call. With litellm's
+synchronous client, hundreds of threads each drove an HTTP request through one shared connection
+pool, and what they spent contending for the interpreter and that pool's lock cost as much CPU as
+the calls themselves: 2,000 calls of a local server, 200 at a time from 200 threads, took 8.0 ms of
+CPU each against 4.0 ms one at a time. Here each call is a coroutine (`litellm.acompletion`) on
+the process's one loop and the step's thread only waits on its future, which costs nothing while
+it waits: the same 2,000 calls took 4.4 ms each, and the whole steps process about half the CPU
+per step (docs/performance.md, "Model calls on one event loop").
+
+The loop is made on first use by the process that uses it: a forked child (a steps process forked
+from the zygote) never inherits one, it makes its own. The loop's thread is a daemon, so a process
+leaves without waiting for it; nothing on it needs flushing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+_lock = threading.Lock()
+_loop: asyncio.AbstractEventLoop | None = None
+_loop_pid = 0
+
+#: litellm's limits on the connections its async HTTP client opens (read once, when litellm is
+#: imported): in all, and to one host
+_CONNECTION_LIMITS = {"AIOHTTP_CONNECTOR_LIMIT": 1000, "AIOHTTP_CONNECTOR_LIMIT_PER_HOST": 500}
+
+
+def _reset_after_fork() -> None:
+    """A forked child makes its own loop, under its own lock (another thread of the parent may have
+    held this one at the fork)."""
+    global _lock, _loop, _loop_pid
+    _lock, _loop, _loop_pid = threading.Lock(), None, 0
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def model_loop() -> asyncio.AbstractEventLoop:
+    """This process's loop for model calls, started on first use."""
+    global _loop, _loop_pid
+    with _lock:
+        if _loop is None or _loop_pid != os.getpid() or _loop.is_closed():
+            loop = asyncio.new_event_loop()
+            running = threading.Event()
+            loop.call_soon(running.set)
+            threading.Thread(target=loop.run_forever, name="agents-model-loop", daemon=True).start()
+            running.wait()
+            _loop, _loop_pid = loop, os.getpid()
+        return _loop
+
+
+def wait_on_loop(coro: Coroutine[Any, Any, T]) -> T:
+    """Run `coro` on the process's model loop and wait here for its result or its exception. If the
+    wait is interrupted (Ctrl-C of a step run by the CLI), the coroutine is cancelled, not left
+    running."""
+    future: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(coro, model_loop())
+    try:
+        return future.result()
+    except BaseException:
+        future.cancel()
+        raise
+
+
+def allow_connections(connections: int) -> None:
+    """Let one process hold `connections` model calls in flight at once, to one host or several:
+    raises litellm's connection limits to that where they are lower, unless set in the environment.
+    Must run before litellm is imported (it reads them then), so in `agents worker`'s supervisor,
+    before its zygote imports litellm for the steps processes it forks."""
+    for variable, default in _CONNECTION_LIMITS.items():
+        if connections > default:
+            os.environ.setdefault(variable, str(connections))

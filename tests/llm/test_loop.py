@@ -1,0 +1,135 @@
+"""Model calls wait on one event loop per process: many threads' calls are coroutines on it, all at
+the server at once; an interrupted wait cancels its call; a forked child makes a loop of its own."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import threading
+from typing import Any
+
+import pytest
+
+from celery_agents.llm import LitellmPort, RetryPolicy
+from celery_agents.llm.loop import allow_connections, model_loop, wait_on_loop
+from celery_agents.model import parse_agent
+from celery_agents.scheduler import LlmRequest
+from tests.support.llm_server import LlmServer, Reply, text
+
+THREADS = 40
+
+
+class Held:
+    """Holds every request until released; counts how many it holds."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.lock = threading.Lock()
+        self.holding = 0
+
+    def __call__(self, body: dict[str, Any]) -> Reply:
+        with self.lock:
+            self.holding += 1
+        self.release.wait(30)
+        return text("ok")
+
+
+def test_forty_threads_waiting_on_the_model_are_forty_coroutines_on_one_loop(llm_server: LlmServer) -> None:
+    held = Held()
+    scenario = llm_server.scenario([held])
+    agent = parse_agent({"slug": "t", "model": f"openai/{scenario}", "apiBase": llm_server.url})
+    port = LitellmPort(RetryPolicy(attempts=1, timeout=30))
+    answers: list[str | None] = []
+
+    def one() -> None:
+        turn = port.complete(LlmRequest(agent=agent, messages=[{"role": "user", "content": "hi"}], tools=[]))
+        answers.append(turn.text)
+
+    threads = [threading.Thread(target=one) for _ in range(THREADS)]
+    for t in threads:
+        t.start()
+    try:
+        deadline = 30.0
+        while held.holding < THREADS and deadline > 0:
+            threading.Event().wait(0.02)
+            deadline -= 0.02
+        assert held.holding == THREADS, f"{held.holding} of {THREADS} calls reached the server"
+        on_loop = asyncio.run_coroutine_threadsafe(_count_tasks(), model_loop()).result(5)
+        assert on_loop >= THREADS, f"{on_loop} coroutines on the model loop for {THREADS} calls in flight"
+    finally:
+        held.release.set()
+        for t in threads:
+            t.join(30)
+    assert answers == ["ok"] * THREADS
+
+
+async def _count_tasks() -> int:
+    return len(asyncio.all_tasks()) - 1  # this one
+
+
+def test_an_interrupted_wait_cancels_its_call() -> None:
+    started, cancelled = threading.Event(), threading.Event()
+
+    async def call() -> None:
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    main = threading.main_thread().ident
+    assert main is not None and threading.get_ident() == main
+
+    def interrupt() -> None:
+        if started.wait(10):
+            signal.pthread_kill(main, signal.SIGINT)  # Ctrl-C of the CLI waiting on its inline step
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        wait_on_loop(call())
+    assert cancelled.wait(5), "the call went on after its wait was interrupted"
+
+
+def test_an_error_of_the_call_is_raised_where_it_waits() -> None:
+    async def call() -> None:
+        raise ValueError("refused")
+
+    with pytest.raises(ValueError, match="refused"):
+        wait_on_loop(call())
+
+
+def test_a_forked_child_calls_on_a_loop_of_its_own() -> None:
+    async def where() -> list[int]:
+        return [os.getpid(), threading.get_ident()]
+
+    parent = wait_on_loop(where())
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            os.write(write, json.dumps(wait_on_loop(where())).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read) as answer:
+        child = json.loads(answer.read() or "null")
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert child[0] == pid and child[0] != parent[0]
+
+
+def test_connection_limits_are_raised_for_more_threads_than_they_allow(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("AIOHTTP_CONNECTOR_LIMIT", "AIOHTTP_CONNECTOR_LIMIT_PER_HOST"):
+        monkeypatch.delenv(name, raising=False)
+    allow_connections(204)  # the default threads: litellm's own limits (1000, 500 per host) suffice
+    assert "AIOHTTP_CONNECTOR_LIMIT" not in os.environ
+    assert "AIOHTTP_CONNECTOR_LIMIT_PER_HOST" not in os.environ
+    monkeypatch.setenv("AIOHTTP_CONNECTOR_LIMIT", "5000")  # the operator's own setting stays
+    allow_connections(804)
+    assert os.environ["AIOHTTP_CONNECTOR_LIMIT"] == "5000"
+    assert os.environ["AIOHTTP_CONNECTOR_LIMIT_PER_HOST"] == "804"
