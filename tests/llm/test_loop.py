@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from celery_agents.scheduler import LlmRequest
 from tests.support.llm_server import LlmServer, Reply, text
 
 THREADS = 40
+CALLERS = 8
 
 
 class Held:
@@ -133,3 +135,43 @@ def test_connection_limits_are_raised_for_more_threads_than_they_allow(monkeypat
     allow_connections(804)
     assert os.environ["AIOHTTP_CONNECTOR_LIMIT"] == "5000"
     assert os.environ["AIOHTTP_CONNECTOR_LIMIT_PER_HOST"] == "804"
+
+
+def established_to(port: int) -> int:
+    """This machine's established TCP connections to `port` on the loopback (client ends)."""
+    count = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        cols = line.split()
+        if int(cols[2].split(":")[1], 16) == port and cols[3] == "01":
+            count += 1
+    return count
+
+
+def test_many_calls_leave_no_thread_and_no_connection_behind(llm_server: LlmServer) -> None:
+    scenario = llm_server.scenario([text("ok")])
+    agent = parse_agent({"slug": "t", "model": f"openai/{scenario}", "apiBase": llm_server.url})
+    request = LlmRequest(agent=agent, messages=[{"role": "user", "content": "hi"}], tools=[])
+    port = LitellmPort(RetryPolicy(attempts=1, timeout=30))
+    server_port = int(llm_server.url.rsplit(":", 1)[1].split("/")[0])
+
+    def calls(n: int) -> None:
+        def some() -> None:
+            for _ in range(n // CALLERS):
+                port.complete(request)
+
+        callers = [threading.Thread(target=some) for _ in range(CALLERS)]
+        for t in callers:
+            t.start()
+        for t in callers:
+            t.join(120)
+
+    calls(200)  # the client's pool grows to what the callers need
+    before = threading.active_count(), established_to(server_port)
+    calls(1_600)
+    after = threading.active_count(), established_to(server_port)
+    assert llm_server.count(scenario) == 1_800
+    # The server keeps a thread per connection: both stay where the first calls left them, give or
+    # take a connection per caller at a new peak; one left behind per call would add hundreds.
+    assert after[1] <= before[1] + CALLERS, f"connections to the model grew from {before[1]} to {after[1]}"
+    assert after[0] <= before[0] + 2 * CALLERS, f"threads grew from {before[0]} to {after[0]}"
+    print(f"\n[model calls] threads {before[0]} -> {after[0]}, connections {before[1]} -> {after[1]}")
