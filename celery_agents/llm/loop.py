@@ -21,7 +21,7 @@ import asyncio
 import concurrent.futures
 import os
 import threading
-from collections.abc import Coroutine
+from collections.abc import Coroutine, MutableMapping
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -71,11 +71,11 @@ def wait_on_loop(coro: Coroutine[Any, Any, T]) -> T:
         raise
 
 
-def allow_connections(connections: int) -> None:
+def allow_connections(connections: int, environ: MutableMapping[str, str] = os.environ) -> None:
     """Let one process hold `connections` model calls in flight at once, to one host or several:
-    raises litellm's connection limits to that where they are lower, unless set in the environment.
-    Must run before litellm is imported (it reads them then), so in `agents worker`'s supervisor,
-    before its zygote imports litellm for the steps processes it forks."""
+    raises litellm's connection limits to that in `environ` where they are lower, unless set there
+    already. Must run before litellm is imported (it reads them then), so in `agents worker`'s
+    supervisor, before its zygote imports litellm for the steps processes it forks."""
     for variable, default in _CONNECTION_LIMITS.items():
         if connections > default:
-            os.environ.setdefault(variable, str(connections))
+            environ.setdefault(variable, str(connections))

@@ -125,16 +125,13 @@ def test_a_forked_child_calls_on_a_loop_of_its_own() -> None:
     assert child[0] == pid and child[0] != parent[0]
 
 
-def test_connection_limits_are_raised_for_more_threads_than_they_allow(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("AIOHTTP_CONNECTOR_LIMIT", "AIOHTTP_CONNECTOR_LIMIT_PER_HOST"):
-        monkeypatch.delenv(name, raising=False)
-    allow_connections(204)  # the default threads: litellm's own limits (1000, 500 per host) suffice
-    assert "AIOHTTP_CONNECTOR_LIMIT" not in os.environ
-    assert "AIOHTTP_CONNECTOR_LIMIT_PER_HOST" not in os.environ
-    monkeypatch.setenv("AIOHTTP_CONNECTOR_LIMIT", "5000")  # the operator's own setting stays
-    allow_connections(804)
-    assert os.environ["AIOHTTP_CONNECTOR_LIMIT"] == "5000"
-    assert os.environ["AIOHTTP_CONNECTOR_LIMIT_PER_HOST"] == "804"
+def test_connection_limits_are_raised_for_more_threads_than_they_allow() -> None:
+    environ: dict[str, str] = {}
+    allow_connections(204, environ)  # the default threads: litellm's own limits (1000, 500 per host) suffice
+    assert environ == {}
+    environ["AIOHTTP_CONNECTOR_LIMIT"] = "5000"  # the operator's own setting stays
+    allow_connections(804, environ)
+    assert environ == {"AIOHTTP_CONNECTOR_LIMIT": "5000", "AIOHTTP_CONNECTOR_LIMIT_PER_HOST": "804"}
 
 
 def established_to(port: int) -> int:
