@@ -162,6 +162,9 @@ def to_llm_turn(response: Any, duration_ms: float, now: float) -> LlmTurn:
     )
 
 
+#: how much longer than its own timeout a model call may take before its wait gives up on it
+WAIT_GRACE_S = 10.0
+
 #: litellm's lists of callbacks that hear of a successful call; while all are empty nothing listens
 _SUCCESS_LISTENERS = ("callbacks", "success_callback", "_async_success_callback", "input_callback")
 
@@ -262,7 +265,12 @@ class LitellmPort:
             started = time.monotonic()
             try:
                 self.requests += 1
-                response = _call(litellm, kwargs) if local else wait_on_loop(_acall(litellm, kwargs))
+                if local:
+                    response = _call(litellm, kwargs)
+                else:
+                    # litellm's own timeout ends the call; the wait has a bound of its own in case
+                    # it does not (the step would otherwise hold its lease for ever).
+                    response = wait_on_loop(_acall(litellm, kwargs), timeout=self.retry.timeout + WAIT_GRACE_S)
                 return to_llm_turn(response, (time.monotonic() - started) * 1000, time.time())
             except LlmFailure:
                 raise

@@ -49,7 +49,9 @@ def model_loop() -> asyncio.AbstractEventLoop:
     """This process's loop for model calls, started on first use."""
     global _loop, _loop_pid
     with _lock:
-        if _loop is None or _loop_pid != os.getpid() or _loop.is_closed():
+        # Made again if its thread is gone: a call handed to a loop that no longer runs would
+        # never be answered, and its step would hold its lease for ever.
+        if _loop is None or _loop_pid != os.getpid() or not _loop.is_running():
             loop = asyncio.new_event_loop()
             running = threading.Event()
             loop.call_soon(running.set)
@@ -59,13 +61,16 @@ def model_loop() -> asyncio.AbstractEventLoop:
         return _loop
 
 
-def wait_on_loop(coro: Coroutine[Any, Any, T]) -> T:
-    """Run `coro` on the process's model loop and wait here for its result or its exception. If the
-    wait is interrupted (Ctrl-C of a step run by the CLI), the coroutine is cancelled, not left
-    running."""
+def wait_on_loop(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+    """Run `coro` on the process's model loop and wait here for its result or its exception, at most
+    `timeout` seconds (then `TimeoutError`). A wait that ends without a result (timed out, or
+    interrupted: Ctrl-C of a step run by the CLI) cancels the coroutine, which is not left running."""
     future: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(coro, model_loop())
     try:
-        return future.result()
+        return future.result(timeout)
+    except concurrent.futures.TimeoutError:
+        future.cancel()
+        raise TimeoutError(f"no answer within {timeout} s") from None
     except BaseException:
         future.cancel()
         raise

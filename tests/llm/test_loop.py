@@ -95,6 +95,35 @@ def test_an_interrupted_wait_cancels_its_call() -> None:
     assert cancelled.wait(5), "the call went on after its wait was interrupted"
 
 
+def test_a_wait_that_outlasts_its_bound_gives_up_and_cancels_the_call() -> None:
+    cancelled = threading.Event()
+
+    async def call() -> None:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    with pytest.raises(TimeoutError, match=r"no answer within 0\.2 s"):
+        wait_on_loop(call(), timeout=0.2)
+    assert cancelled.wait(5), "the call went on after its wait gave up"
+
+
+def test_a_loop_whose_thread_stopped_is_replaced() -> None:
+    async def answer() -> int:
+        return 42
+
+    stopped = model_loop()
+    stopped.call_soon_threadsafe(stopped.stop)
+    for _ in range(500):  # until its thread has left run_forever
+        if not stopped.is_running():
+            break
+        threading.Event().wait(0.01)
+    assert wait_on_loop(answer(), timeout=5) == 42
+    assert model_loop() is not stopped
+
+
 def test_an_error_of_the_call_is_raised_where_it_waits() -> None:
     async def call() -> None:
         raise ValueError("refused")
