@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import os
 import threading
 from collections.abc import Coroutine, MutableMapping
@@ -64,16 +65,39 @@ def model_loop() -> asyncio.AbstractEventLoop:
 def wait_on_loop(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
     """Run `coro` on the process's model loop and wait here for its result or its exception, at most
     `timeout` seconds (then `TimeoutError`). A wait that ends without a result (timed out, or
-    interrupted: Ctrl-C of a step run by the CLI) cancels the coroutine, which is not left running."""
-    future: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(coro, model_loop())
+    interrupted: Ctrl-C of a step run by the CLI) cancels the coroutine, which is not left running;
+    the future exists before the coroutine is handed over, so no moment of an interrupt escapes."""
+    loop = model_loop()
+    done: concurrent.futures.Future[T] = concurrent.futures.Future()
     try:
-        return future.result(timeout)
+        loop.call_soon_threadsafe(_start, loop, coro, done)
+        return done.result(timeout)
     except concurrent.futures.TimeoutError:
-        future.cancel()
+        done.cancel()
         raise TimeoutError(f"no answer within {timeout} s") from None
     except BaseException:
-        future.cancel()
+        done.cancel()
         raise
+
+
+def _start(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T], done: concurrent.futures.Future[T]) -> None:
+    """On the loop: run `coro` as a task whose outcome settles `done`; cancelling `done` cancels it."""
+    if done.cancelled():  # given up before it started
+        coro.close()
+        return
+    task = loop.create_task(coro)
+
+    def settle(t: asyncio.Task[T]) -> None:
+        with contextlib.suppress(concurrent.futures.InvalidStateError):  # `done` was cancelled meanwhile
+            if t.cancelled():
+                done.cancel()
+            elif (exc := t.exception()) is not None:
+                done.set_exception(exc)
+            else:
+                done.set_result(t.result())
+
+    task.add_done_callback(settle)
+    done.add_done_callback(lambda d: d.cancelled() and loop.call_soon_threadsafe(task.cancel))
 
 
 def allow_connections(connections: int, environ: MutableMapping[str, str] = os.environ) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from tests.chaos.conftest import Fleet, report
 from tests.chaos.invariants import check_invariants
 from tests.chaos.test_kill_worker import agent, conversation
 from tests.e2e.conftest import runs, wait_for
-from tests.support.llm_server import LlmServer, Reply, text
+from tests.support.llm_server import HeldModel, LlmServer
 
 pytestmark = pytest.mark.slow
 
@@ -33,23 +32,6 @@ def _broker_holds(store: Store, queue: str = "steps") -> tuple[int, int]:
     """(messages waiting in `queue`, messages kombu tracks as taken and unacknowledged)."""
     prefix = store.keys.celery_prefix
     return int(store.client.llen(f"{prefix}{queue}")), int(store.client.hlen(f"{prefix}unacked"))
-
-
-class HeldModel:
-    """Holds every model call until released; answers "done" at once afterwards."""
-
-    def __init__(self) -> None:
-        self.released = threading.Event()
-        self.lock = threading.Lock()
-        self.holding = 0
-
-    def __call__(self, body: dict[str, Any]) -> Reply:
-        with self.lock:
-            self.holding += 1
-        self.released.wait(120)
-        with self.lock:
-            self.holding -= 1
-        return text("done")
 
 
 def test_a_steps_worker_takes_no_more_step_messages_than_its_threads(

@@ -9,7 +9,6 @@ import os
 import signal
 import threading
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -17,29 +16,14 @@ from celery_agents.llm import LitellmPort, RetryPolicy
 from celery_agents.llm.loop import allow_connections, model_loop, wait_on_loop
 from celery_agents.model import parse_agent
 from celery_agents.scheduler import LlmRequest
-from tests.support.llm_server import LlmServer, Reply, text
+from tests.support.llm_server import HeldModel, LlmServer, text
 
 THREADS = 40
 CALLERS = 8
 
 
-class Held:
-    """Holds every request until released; counts how many it holds."""
-
-    def __init__(self) -> None:
-        self.release = threading.Event()
-        self.lock = threading.Lock()
-        self.holding = 0
-
-    def __call__(self, body: dict[str, Any]) -> Reply:
-        with self.lock:
-            self.holding += 1
-        self.release.wait(30)
-        return text("ok")
-
-
 def test_forty_threads_waiting_on_the_model_are_forty_coroutines_on_one_loop(llm_server: LlmServer) -> None:
-    held = Held()
+    held = HeldModel()
     scenario = llm_server.scenario([held])
     agent = parse_agent({"slug": "t", "model": f"openai/{scenario}", "apiBase": llm_server.url})
     port = LitellmPort(RetryPolicy(attempts=1, timeout=30))
@@ -61,17 +45,18 @@ def test_forty_threads_waiting_on_the_model_are_forty_coroutines_on_one_loop(llm
         on_loop = asyncio.run_coroutine_threadsafe(_count_tasks(), model_loop()).result(5)
         assert on_loop >= THREADS, f"{on_loop} coroutines on the model loop for {THREADS} calls in flight"
     finally:
-        held.release.set()
+        held.released.set()
         for t in threads:
             t.join(30)
-    assert answers == ["ok"] * THREADS
+    assert answers == ["done"] * THREADS
 
 
 async def _count_tasks() -> int:
     return len(asyncio.all_tasks()) - 1  # this one
 
 
-def test_an_interrupted_wait_cancels_its_call() -> None:
+@pytest.mark.parametrize("attempt", range(20))  # the interrupt lands anywhere in the wait's start
+def test_an_interrupted_wait_cancels_its_call(attempt: int) -> None:
     started, cancelled = threading.Event(), threading.Event()
 
     async def call() -> None:

@@ -72,6 +72,24 @@ def error(status: int, message: str = "scripted error", **kw: Any) -> Reply:
     return Reply(status=status, error_body={"error": {"message": message, "type": "scripted", "code": status}}, **kw)
 
 
+class HeldModel:
+    """A scenario's reply that holds every model call until `released` is set, counting the calls
+    it holds; answers "done" at once afterwards."""
+
+    def __init__(self) -> None:
+        self.released = threading.Event()
+        self.lock = threading.Lock()
+        self.holding = 0
+
+    def __call__(self, body: dict[str, Any]) -> Reply:
+        with self.lock:
+            self.holding += 1
+        self.released.wait(120)
+        with self.lock:
+            self.holding -= 1
+        return text("done")
+
+
 class _Server(ThreadingHTTPServer):
     # Hundreds of workers' threads connect at once: the default backlog of 5 would drop their SYNs
     # and hold them back for seconds of retransmission.
