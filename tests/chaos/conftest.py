@@ -34,6 +34,7 @@ class Fleet:
         wait: bool = True,
         queues: str = "steps,tools,isolated",
         step_threads: int | None = None,
+        fork: bool = True,
         **env: str,
     ) -> Worker:
         merged = {**CHAOS_ENV, **env}
@@ -42,6 +43,7 @@ class Fleet:
             queues=queues,
             concurrency=concurrency,
             step_threads=step_threads,
+            fork=fork,
             log=self.logdir / f"worker{len(self.workers)}.log",
             name=f"c{len(self.workers)}-{uuid.uuid4().hex[:6]}@chaos",
         )

@@ -1,6 +1,7 @@
 """SIGKILL the whole worker while it holds 150 steps waiting on the model at once (one steps process,
 threads pool); a fresh worker finishes every session, nothing is lost or done twice, and every
-invariant holds."""
+invariant holds. And one steps process keeps more model calls in flight to one host than litellm's
+connection pool allows by default, when its threads ask for that many."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from celery_agents.tasks.config import Dispatcher, make_app
 from tests.chaos.conftest import Fleet, report
 from tests.chaos.invariants import check_invariants
 from tests.e2e.conftest import record_tool, runs, wait_for
+from tests.support.llm_server import HeldModel as HeldCalls
 from tests.support.llm_server import LlmServer, Reply, calls, text
 
 pytestmark = pytest.mark.slow
@@ -99,3 +101,46 @@ def test_sigkill_with_150_steps_waiting_on_the_model(
     rows = runs(log, "sync_tool", phase="start")
     assert len(rows) == SESSIONS and len({r["key"] for r in rows}) == SESSIONS
     report("sigkill_150_in_flight", recovery_s=round(recovery, 2), model_requests=llm_server.count(scenario))
+
+
+#: above litellm's default of 500 connections to one host (its aiohttp connector's limit per host)
+BEYOND_POOL = 540
+
+
+def test_one_steps_process_keeps_more_calls_in_flight_than_litellms_default_pool(
+    fleet: Fleet, chaos_settings: Settings, llm_server: LlmServer
+) -> None:
+    """`--step-threads 560`: the supervisor raises litellm's connection limits before its zygote
+    imports litellm, so 540 steps of one process all reach the model at once, not 500 of them
+    with the rest queued for a connection."""
+    model = HeldCalls()
+    scenario = llm_server.scenario([model])
+    agent = parse_agent({"slug": "pool", "model": f"openai/{scenario}", "apiBase": llm_server.url})
+    # Exec'd, not forked from the test launcher: that process imported litellm already, and litellm
+    # reads its limits once, when imported (tests/support/launcher.py).
+    fleet.start(queues="steps", step_threads=BEYOND_POOL + 20, fork=False)
+    store = Store(fleet.client, chaos_settings)
+    app = make_app(chaos_settings, main="chaos_pool")
+    try:
+        sids = [store.create_session(agent, UserQuery(text="go")).session_id for _ in range(BEYOND_POOL)]
+        for sid in sids:
+            Dispatcher(app).step(sid, 1)
+        deadline = time.monotonic() + 120
+        most = 0
+        while model.holding < BEYOND_POOL:
+            most = max(most, model.holding)
+            assert time.monotonic() < deadline, (
+                f"at most {most} model calls in flight at once, not {BEYOND_POOL}; "
+                f"{llm_server.count(scenario)} requests reached the model"
+            )
+            time.sleep(0.05)
+        model.released.set()
+        wait_for(
+            lambda: all(store.header(s).status.value == "completed" for s in sids),
+            timeout=120,
+            what="every session to complete",
+        )
+        assert llm_server.count(scenario) == BEYOND_POOL
+    finally:
+        model.released.set()
+        app.close()
