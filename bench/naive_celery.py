@@ -7,6 +7,9 @@ Same configuration as celery-agents' workers (`celery_config`), its own queue `n
 pool as `agents worker` runs steps with (threads), started the same number of times:
 
     celery -A bench.naive_celery worker -Q naive -P threads -c 200
+
+`BENCH_NAIVE_MODEL` and `BENCH_NAIVE_API_BASE` point it at another model (`bench/latency_curve.py`:
+a local server answering after a set delay).
 """
 
 from __future__ import annotations
@@ -57,7 +60,10 @@ def _clients() -> tuple[redis.Redis, Any, Any]:
         from celery_agents.model import parse_agent
         from celery_agents.scheduler.ports import LlmRequest
 
-        agent = parse_agent({"slug": "bench", "model": MODEL})
+        spec = {"slug": "bench", "model": os.environ.get("BENCH_NAIVE_MODEL", MODEL)}
+        if os.environ.get("BENCH_NAIVE_API_BASE"):
+            spec["apiBase"] = os.environ["BENCH_NAIVE_API_BASE"]
+        agent = parse_agent(spec)
         _state.update(
             pid=os.getpid(),
             redis=redis.Redis.from_url(settings.redis_url or "", decode_responses=True),

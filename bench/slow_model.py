@@ -5,8 +5,8 @@ any number of connections at once (asyncio), for the benchmark's `slow_model` ph
 
 Prints `{"url": "http://127.0.0.1:<port>/v1", "pid": ...}` on its first line once it listens.
 Its answers follow the conversation, so a repeated request gets the same answer: a request whose
-last message is a tool result gets the final text; any other asks for one call of the tool
-`lookup`. `GET /stats` reports the requests answered and the most ever in flight at once.
+last message is a tool result, or that offers no tools, gets the final text; any other asks for one
+call of the tool `lookup`. `GET /stats` reports the requests answered and the most ever in flight at once.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class Stats:
 def answer(body: dict[str, Any]) -> dict[str, Any]:
     messages = body.get("messages") or [{}]
     message: dict[str, Any]
-    if messages[-1].get("role") == "tool":
+    if messages[-1].get("role") == "tool" or not body.get("tools"):
         message, finish = {"role": "assistant", "content": "done"}, "stop"
     else:
         call = {"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function"}

@@ -1,0 +1,129 @@
+"""A step's round trip against the naive Celery loop's, for model calls of several latencies.
+
+    python bench/latency_curve.py [--delays 0,5,20] [--steps 300] [--workers N] [--json]
+
+`bench/run.py` compares the two with the offline demo model, which answers in ~1 ms: there, the
+two Redis round trips a durable step makes (lease and read, commit) are a large share of the whole.
+This script puts both behind the same local OpenAI-compatible server (`bench/slow_model.py`)
+answering after each delay, so that the model call goes over HTTP as it does with a provider, and
+reports for each delay both round trips' p50, their difference (what durability adds) and their
+ratio. Same Redis (private, on a free port), same worker count, same pool, one step at a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+from bench.processes import Processes, agents_env, wait_heartbeat
+from bench.run import Agents, bench_client, percentile, wait_until
+from celery_agents.tasks.supervisor import default_step_processes
+
+
+def naive_p50(procs: Processes, url: str, prefix: str, workers: int, model_url: str, steps: int) -> float:
+    """The naive loop's round trip p50 (ms): publish → its `RPUSH` seen, one step at a time."""
+    from bench.naive_celery import NAIVE_TASK, QUEUE, done_key, make_naive_app
+    from celery_agents.config import Settings
+    from celery_agents.tasks.supervisor import DEFAULT_STEP_THREADS
+
+    client = bench_client(url)
+    app = make_naive_app(Settings(redis_url=url, prefix=prefix))
+    key = done_key(prefix)
+    env = agents_env(url, prefix, BENCH_NAIVE_MODEL="openai/slow", BENCH_NAIVE_API_BASE=model_url)
+    name = f"naive-{prefix}@curve"
+    started = procs.naive_workers(env, workers, DEFAULT_STEP_THREADS, name)
+    try:
+        for i in range(workers * 4):
+            app.send_task(NAIVE_TASK, args=(f"ready{i}",), queue=QUEUE)
+        wait_until(lambda: client.llen(key) >= workers * 4, 120, "the naive workers to start")
+        client.delete(key)
+        rtts = []
+        for i in range(steps):
+            t0 = time.perf_counter()
+            app.send_task(NAIVE_TASK, args=(f"l{i}",), queue=QUEUE)
+            if client.blpop([key], timeout=30) is None:
+                raise TimeoutError("a naive step did not finish within 30 s")
+            rtts.append((time.perf_counter() - t0) * 1000)
+    finally:
+        for i, w in enumerate(started):
+            procs.stop(w, f"{name.split('@')[0]}{i}")
+        with contextlib.suppress(Exception):
+            app.close()
+        client.close()
+    return percentile(rtts[steps // 10 :], 50)
+
+
+def agents_p50(procs: Processes, url: str, prefix: str, workers: int, model_url: str, steps: int) -> float:
+    """celery-agents' step round trip p50 (ms): `Dispatcher.step` → `step_committed` seen."""
+    from celery_agents.model import parse_agent
+
+    agents = Agents(url, prefix)
+    agent = parse_agent({"slug": "curve", "model": "openai/slow", "apiBase": model_url})
+    name = f"agents-{prefix}@curve"
+    worker = procs.agents_worker(agents_env(url, prefix), workers, name)
+    try:
+        wait_heartbeat(agents.client, prefix, name, worker)
+        sids = agents.create(steps, agent=agent, text="Hello")
+        rtts = [agents.step_roundtrip(sid) for sid in sids]
+    finally:
+        procs.stop(worker, name)
+        agents.close()
+    return percentile(rtts[steps // 10 :], 50)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--delays", default="0,5,20", help="model latencies to measure at (ms, comma-separated)")
+    parser.add_argument(
+        "--steps", type=int, default=300, help="steps timed per side and delay (the first tenth warms up)"
+    )
+    parser.add_argument("--workers", type=int, default=0, help="step processes (default: as bench/run.py)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    workers = args.workers or default_step_processes()
+    rows: list[dict[str, Any]] = []
+    with Processes() as procs:
+        url = procs.redis_server()
+        for delay_ms in (float(d) for d in args.delays.split(",")):
+            model_url = procs.slow_model(delay_ms / 1000)
+            server = procs.procs[-1][1]
+            prefix = f"curve{uuid.uuid4().hex[:6]}"
+            naive = naive_p50(procs, url, prefix + "n", workers, model_url, args.steps)
+            ours = agents_p50(procs, url, prefix + "a", workers, model_url, args.steps)
+            rows.append(
+                {
+                    "model_delay_ms": delay_ms,
+                    "naive_step_p50_ms": round(naive, 3),
+                    "step_p50_ms": round(ours, 3),
+                    "durability_ms": round(ours - naive, 3),
+                    "step_latency_vs_naive": round(ours / naive, 3),
+                }
+            )
+            procs.stop(server, "slow-model")
+    if args.json:
+        print(json.dumps({"workers": workers, "load": os.getloadavg()[0], "rows": rows}))
+        return 0
+    print(f"{workers} step processes; load {os.getloadavg()[0]:.1f}")
+    print(f"{'model delay':>12} {'naive p50':>10} {'step p50':>10} {'added':>8} {'ratio':>7}")
+    for r in rows:
+        print(
+            f"{r['model_delay_ms']:>9.0f} ms {r['naive_step_p50_ms']:>7.2f} ms {r['step_p50_ms']:>7.2f} ms"
+            f" {r['durability_ms']:>5.2f} ms {r['step_latency_vs_naive']:>7.2f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
