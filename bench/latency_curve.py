@@ -28,13 +28,13 @@ if __package__ in (None, ""):
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from bench.processes import Processes, agents_env, wait_heartbeat
-from bench.run import Agents, bench_client, percentile, wait_until
 from celery_agents.tasks.supervisor import default_step_processes
 
 
 def naive_p50(procs: Processes, url: str, prefix: str, workers: int, model_url: str, steps: int) -> float:
     """The naive loop's round trip p50 (ms): publish → its `RPUSH` seen, one step at a time."""
     from bench.naive_celery import NAIVE_TASK, QUEUE, done_key, make_naive_app
+    from bench.run import bench_client, percentile, wait_until
     from celery_agents.config import Settings
     from celery_agents.tasks.supervisor import DEFAULT_STEP_THREADS
 
@@ -67,6 +67,7 @@ def naive_p50(procs: Processes, url: str, prefix: str, workers: int, model_url: 
 
 def agents_p50(procs: Processes, url: str, prefix: str, workers: int, model_url: str, steps: int) -> float:
     """celery-agents' step round trip p50 (ms): `Dispatcher.step` → `step_committed` seen."""
+    from bench.run import Agents, percentile
     from celery_agents.model import parse_agent
 
     agents = Agents(url, prefix)
@@ -83,6 +84,24 @@ def agents_p50(procs: Processes, url: str, prefix: str, workers: int, model_url:
     return percentile(rtts[steps // 10 :], 50)
 
 
+def measure(procs: Processes, url: str, prefix: str, workers: int, delay_ms: float, steps: int) -> dict[str, float]:
+    """Both round trips' p50 behind one local model server answering after `delay_ms`."""
+    model_url = procs.slow_model(delay_ms / 1000)
+    server = procs.procs[-1][1]
+    try:
+        naive = naive_p50(procs, url, prefix + "n", workers, model_url, steps)
+        ours = agents_p50(procs, url, prefix + "a", workers, model_url, steps)
+    finally:
+        procs.stop(server, "slow-model")
+    return {
+        "model_delay_ms": delay_ms,
+        "naive_step_p50_ms": round(naive, 3),
+        "step_p50_ms": round(ours, 3),
+        "durability_ms": round(ours - naive, 3),
+        "step_latency_vs_naive": round(ours / naive, 3),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--delays", default="0,5,20", help="model latencies to measure at (ms, comma-separated)")
@@ -97,21 +116,8 @@ def main() -> int:
     with Processes() as procs:
         url = procs.redis_server()
         for delay_ms in (float(d) for d in args.delays.split(",")):
-            model_url = procs.slow_model(delay_ms / 1000)
-            server = procs.procs[-1][1]
             prefix = f"curve{uuid.uuid4().hex[:6]}"
-            naive = naive_p50(procs, url, prefix + "n", workers, model_url, args.steps)
-            ours = agents_p50(procs, url, prefix + "a", workers, model_url, args.steps)
-            rows.append(
-                {
-                    "model_delay_ms": delay_ms,
-                    "naive_step_p50_ms": round(naive, 3),
-                    "step_p50_ms": round(ours, 3),
-                    "durability_ms": round(ours - naive, 3),
-                    "step_latency_vs_naive": round(ours / naive, 3),
-                }
-            )
-            procs.stop(server, "slow-model")
+            rows.append(measure(procs, url, prefix, workers, delay_ms, args.steps))
     if args.json:
         print(json.dumps({"workers": workers, "load": os.getloadavg()[0], "rows": rows}))
         return 0

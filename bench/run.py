@@ -15,7 +15,11 @@ Starts a private redis-server on a free port (or uses `AGENTS_REDIS_URL`), then 
    `step_started` event (`at`, the worker's clock) from just before the XADD (the bench's clock:
    the same machine); while they wait, `agents session pending --json` wall time;
 5. one demo model call through litellm, alone (`bench/model_call.py`): the floor under every step;
-6. DBOS making the same model call as durable steps on PostgreSQL (`bench/dbos_phase.py`), when the
+6. both step round trips again (celery-agents and the naive loop, one step at a time) with the model
+   behind a local OpenAI-compatible server that answers at once (`bench/latency_curve.py`): the
+   model call goes over HTTP through litellm as a provider's does, and `step_latency_vs_naive_http`
+   compares the two there;
+7. DBOS making the same model call as durable steps on PostgreSQL (`bench/dbos_phase.py`), when the
    `bench` extra is installed and a PostgreSQL server answers (`--dbos-url`, `DBOS_DATABASE_URL`,
    else the local one); otherwise `dbos_skipped` says why and its keys are absent.
 
@@ -46,6 +50,7 @@ import redis
 
 from bench.dbos_phase import bench_dbos, database_url
 from bench.in_flight import bench_slow_model
+from bench.latency_curve import measure as measure_latency
 from bench.processes import (
     Processes,
     agents_env,
@@ -85,6 +90,7 @@ class Sizes:
         self.model_calls = 200 if quick else 2000
         self.growth_steps = 200
         self.slow_sessions = 100 if quick else 1000
+        self.http_latency = 60 if quick else 300
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -400,6 +406,17 @@ def bench_completions(agents: Agents, url: str, prefix: str, sizes: Sizes) -> di
 
 
 # -- the cost of metrics --------------------------------------------------------------------------
+def bench_http_latency(procs: Processes, url: str, prefix: str, workers: int, sizes: Sizes) -> dict[str, Any]:
+    """A step's round trip and the naive loop's with the model called over HTTP (a local
+    OpenAI-compatible server answering at once), p50 of each after a tenth of warm-up."""
+    row = measure_latency(procs, url, prefix + "h", workers, 0.0, sizes.http_latency)
+    return {
+        "http_model_step_p50_ms": row["step_p50_ms"],
+        "http_model_naive_step_p50_ms": row["naive_step_p50_ms"],
+        "step_latency_vs_naive_http": row["step_latency_vs_naive"],
+    }
+
+
 def bench_metrics_cost(procs: Processes, url: str, prefix: str, workers: int, sizes: Sizes) -> dict[str, Any]:
     """Step throughput of `agents worker` without and with `--metrics-port`, in alternating rounds
     (off, on, off, on) so that the machine's load drifts over both alike; medians of the rounds.
@@ -498,6 +515,7 @@ def run(quick: bool, workers: int, metrics_cost: bool = False, dbos_url: str | N
         result.update(bench_bare(procs, url, prefix, workers, sizes))
         result.update(bench_naive(procs, url, prefix, workers, sizes))
         result.update(bench_agents(procs, url, prefix, workers, sizes))
+        result.update(bench_http_latency(procs, url, prefix, workers, sizes))
         result.update(bench_dbos(procs, prefix, workers, sizes, dbos_url, percentile))
         result.update(growth)
         result["step_throughput_ratio"] = result["steps_per_s"] / result["bare_celery_tasks_per_s"]
@@ -515,6 +533,7 @@ def run(quick: bool, workers: int, metrics_cost: bool = False, dbos_url: str | N
             "throughput": sizes.throughput,
             "completions": sizes.completions,
             "cli_runs": sizes.cli_runs,
+            "http_latency": sizes.http_latency,
         }
         result.update(versions(url))
         result["load_average_1m_at_end"] = os.getloadavg()[0]
@@ -608,6 +627,12 @@ def render(result: dict[str, Any]) -> str:
         ("naive step round trip p50", result["naive_step_p50_ms"], ""),
         ("  step p50 vs naive (goal <= 1.15)", result["step_latency_vs_naive"], ""),
         ("  CPU per step vs naive (goal <= 1.10)", result["cpu_per_step_vs_naive"], ""),
+        (
+            "model over HTTP: step p50 / naive p50",
+            result["http_model_step_p50_ms"],
+            result["http_model_naive_step_p50_ms"],
+        ),
+        ("  step p50 vs naive, model over HTTP", result["step_latency_vs_naive_http"], ""),
         ("own CPU ms per step (minus the model call)", result["own_cpu_ms_per_step"], ""),
         (
             f"slow model: {result['slow_model_sessions']} sessions x 3 steps: wall s / steps/s",

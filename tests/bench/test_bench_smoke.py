@@ -70,6 +70,9 @@ def test_quick_benchmark_prints_every_contract_key() -> None:
     # The bounds one model call sets are reported beside the ratios they bound.
     assert result["model_call_wall_p50_ms"] > 0 and result["model_call_cpu_ms"] > 0
     assert result["step_latency_ratio_floor"] > 1 and 0 < result["step_throughput_ratio_ceiling"] < 1
+    # Both round trips were measured again with the model called over HTTP, and compared.
+    for key in ("http_model_step_p50_ms", "http_model_naive_step_p50_ms", "step_latency_vs_naive_http"):
+        assert isinstance(result[key], float) and result[key] > 0, (key, result[key])
     # The slow-model phase ran every session's three steps against the 1 s model.
     assert result["slow_model_sessions"] == 100 and result["slow_model_max_in_flight"] >= 1
     # The DBOS phase ran, or says why not (CI installs `.[dev]` without the `bench` extra).
