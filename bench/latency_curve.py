@@ -13,11 +13,9 @@ ratio. Same Redis (private, on a free port), same worker count, same pool, one s
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -33,35 +31,11 @@ from celery_agents.tasks.supervisor import default_step_processes
 
 def naive_p50(procs: Processes, url: str, prefix: str, workers: int, model_url: str, steps: int) -> float:
     """The naive loop's round trip p50 (ms): publish → its `RPUSH` seen, one step at a time."""
-    from bench.naive_celery import NAIVE_TASK, QUEUE, done_key, make_naive_app
-    from bench.run import bench_client, percentile, wait_until
-    from celery_agents.config import Settings
-    from celery_agents.tasks.supervisor import DEFAULT_STEP_THREADS
+    from bench.run import NaiveLoop, percentile, roundtrips
 
-    client = bench_client(url)
-    app = make_naive_app(Settings(redis_url=url, prefix=prefix))
-    key = done_key(prefix)
     env = agents_env(url, prefix, BENCH_NAIVE_MODEL="openai/slow", BENCH_NAIVE_API_BASE=model_url)
-    name = f"naive-{prefix}@curve"
-    started = procs.naive_workers(env, workers, DEFAULT_STEP_THREADS, name)
-    try:
-        for i in range(workers * 4):
-            app.send_task(NAIVE_TASK, args=(f"ready{i}",), queue=QUEUE)
-        wait_until(lambda: client.llen(key) >= workers * 4, 120, "the naive workers to start")
-        client.delete(key)
-        rtts = []
-        for i in range(steps):
-            t0 = time.perf_counter()
-            app.send_task(NAIVE_TASK, args=(f"l{i}",), queue=QUEUE)
-            if client.blpop([key], timeout=30) is None:
-                raise TimeoutError("a naive step did not finish within 30 s")
-            rtts.append((time.perf_counter() - t0) * 1000)
-    finally:
-        for i, w in enumerate(started):
-            procs.stop(w, f"{name.split('@')[0]}{i}")
-        with contextlib.suppress(Exception):
-            app.close()
-        client.close()
+    with NaiveLoop(procs, url, prefix, workers, env, "curve") as loop:
+        rtts = roundtrips(loop.send, loop.client, loop.key, steps, "a naive step")
     return percentile(rtts[steps // 10 :], 50)
 
 

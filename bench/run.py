@@ -118,6 +118,18 @@ def wait_until(check: Callable[[], bool], timeout: float, what: str, poll: float
         time.sleep(poll)
 
 
+def roundtrips(send: Callable[[str], None], client: redis.Redis, key: str, n: int, what: str) -> list[float]:
+    """n tasks one at a time, each timed from its publish until its `RPUSH` to `key` is seen (ms)."""
+    rtts = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        send(f"l{i}")
+        if client.blpop([key], timeout=30) is None:
+            raise TimeoutError(f"{what} did not finish within 30 s")
+        rtts.append((time.perf_counter() - t0) * 1000)
+    return rtts
+
+
 def command_counts(client: redis.Redis) -> dict[str, int]:
     return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in client.info("commandstats").items()}
 
@@ -173,13 +185,7 @@ def bench_bare(procs: Processes, url: str, prefix: str, workers: int, sizes: Siz
         for i in range(sizes.warmup):
             send(f"w{i}")
             client.blpop([key], timeout=30)
-        rtts = []
-        for i in range(sizes.latency):
-            t0 = time.perf_counter()
-            send(f"l{i}")
-            if client.blpop([key], timeout=30) is None:
-                raise TimeoutError("a no-op task did not finish within 30 s")
-            rtts.append((time.perf_counter() - t0) * 1000)
+        rtts = roundtrips(send, client, key, sizes.latency, "a no-op task")
         client.delete(key)
         n = sizes.throughput
         before = command_counts(client)
@@ -205,42 +211,60 @@ def bench_bare(procs: Processes, url: str, prefix: str, workers: int, sizes: Siz
 
 
 # -- the naive Celery loop ------------------------------------------------------------------------
+class NaiveLoop:
+    """Naive-loop workers (`bench/naive_celery.py`) started, ready, and ended on exit."""
+
+    def __init__(self, procs: Processes, url: str, prefix: str, workers: int, env: dict[str, str], tag: str) -> None:
+        from bench.naive_celery import NAIVE_TASK, QUEUE, done_key, make_naive_app
+        from celery_agents.config import Settings
+        from celery_agents.tasks.supervisor import DEFAULT_STEP_THREADS
+
+        self.procs = procs
+        self.client = bench_client(url)
+        self.app = make_naive_app(Settings(redis_url=url, prefix=prefix))
+        self.key = done_key(prefix)
+        self.name = f"naive-{prefix}@{tag}"
+        self.task, self.queue = NAIVE_TASK, QUEUE
+        self.started = procs.naive_workers(env, workers, DEFAULT_STEP_THREADS, self.name)
+        self.workers = workers
+
+    def send(self, tag: str) -> None:
+        self.app.send_task(self.task, args=(tag,), queue=self.queue)
+
+    def __enter__(self) -> NaiveLoop:
+        try:
+            self.client.delete(self.key)
+            for i in range(self.workers * 4):  # every process has started once these come back
+                self.send(f"ready{i}")
+            wait_until(lambda: self.client.llen(self.key) >= self.workers * 4, 120, "the naive workers to start")
+            self.client.delete(self.key)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for i, w in enumerate(self.started):
+            self.procs.stop(w, f"{self.name.split('@')[0]}{i}")
+        with contextlib.suppress(Exception):
+            self.app.close()
+        self.client.close()
+
+
 def bench_naive(procs: Processes, url: str, prefix: str, workers: int, sizes: Sizes) -> dict[str, Any]:
     """`bench/naive_celery.py`: one plain Celery task per step making the same model call, on as
     many threads-pool processes with as many threads as `agents worker` runs steps with."""
-    from bench.naive_celery import NAIVE_TASK, QUEUE, done_key, make_naive_app
-    from celery_agents.config import Settings
-    from celery_agents.tasks.supervisor import DEFAULT_STEP_THREADS
-
-    client = bench_client(url)
-    app = make_naive_app(Settings(redis_url=url, prefix=prefix))
-    key = done_key(prefix)
-    name = f"naive-{prefix}@bench"
-    started = procs.naive_workers(agents_env(url, prefix), workers, DEFAULT_STEP_THREADS, name)
-
-    def send(tag: str) -> None:
-        app.send_task(NAIVE_TASK, args=(tag,), queue=QUEUE)
-
-    try:
-        client.delete(key)
-        for i in range(workers * 4):  # every process has started once these come back
-            send(f"ready{i}")
-        wait_until(lambda: client.llen(key) >= workers * 4, 120, "the naive workers to start")
+    with NaiveLoop(procs, url, prefix, workers, agents_env(url, prefix), "bench") as loop:
+        client, key, send = loop.client, loop.key, loop.send
         for i in range(sizes.warmup):
             send(f"w{i}")
             client.blpop([key], timeout=30)
         client.delete(key)
-        rtts = []
-        for i in range(sizes.latency):
-            t0 = time.perf_counter()
-            send(f"l{i}")
-            if client.blpop([key], timeout=30) is None:
-                raise TimeoutError("a naive step did not finish within 30 s")
-            rtts.append((time.perf_counter() - t0) * 1000)
+        rtts = roundtrips(send, client, key, sizes.latency, "a naive step")
         client.delete(key)
         n = sizes.throughput
         before = command_counts(client)
-        cpu = CpuSplit(procs, [w.pid for w in started])
+        cpu = CpuSplit(procs, [w.pid for w in loop.started])
         t0 = time.perf_counter()
         for i in range(n):
             send(f"t{i}")
@@ -248,12 +272,6 @@ def bench_naive(procs: Processes, url: str, prefix: str, workers: int, sizes: Si
         elapsed = time.perf_counter() - t0
         cpu_ms = cpu.per_task(n)
         per_task, _ = command_delta(before, command_counts(client), n)
-    finally:
-        for i, w in enumerate(started):
-            procs.stop(w, f"{name.split('@')[0]}{i}")
-        with contextlib.suppress(Exception):
-            app.close()
-        client.close()
     return {
         "naive_steps_per_s": n / elapsed,
         "naive_step_p50_ms": percentile(rtts, 50),
