@@ -1,7 +1,7 @@
 """Profile `agents worker` pool processes while they run many steps, with py-spy.
 
     pip install py-spy
-    python bench/profile_worker.py [--steps N] [--workers N] [--out stacks.txt]
+    python bench/profile_worker.py [--steps N] [--workers N] [--out stacks.txt] [--gil]
 
 Starts a private redis-server and one `agents worker`, publishes N one-step sessions (the demo
 model, no tools), records every process of the worker with `py-spy record --subprocesses` in raw
@@ -53,6 +53,11 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", default="")
+    parser.add_argument(
+        "--gil",
+        action="store_true",
+        help="sample only the thread holding the GIL (where the processes' Python CPU goes, not where threads wait)",
+    )
     args = parser.parse_args()
     pyspy = shutil.which("py-spy")
     if not pyspy:
@@ -84,6 +89,7 @@ def main() -> int:
                 "--output",
                 str(raw),
                 "--nonblocking",
+                *(["--gil"] if args.gil else []),
             ],
         )
         time.sleep(1.0)
