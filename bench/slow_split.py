@@ -1,6 +1,6 @@
 """Where the slow-model phase's CPU goes: `bench/in_flight.py`'s run, with CPU split by process.
 
-    python bench/slow_split.py [--sessions 300] [--runs 1] [--py-spy stacks.txt] [-- extra worker flags]
+    python bench/slow_split.py [--sessions 300] [--runs 1] [--py-spy stacks.txt [--gil]] [-- extra worker flags]
 
 Starts a private redis-server, `bench/slow_model.py` and one `agents worker` (as `bench/run.py`
 starts it: `--step-processes` the cores, `--loglevel WARNING`, unless `--loglevel` is given), runs
@@ -66,7 +66,7 @@ def snapshot(parts: dict[str, int], model_pid: int, redis_pid: int) -> dict[str,
     return now
 
 
-def one_run(n: int, extra: list[str], pyspy_out: str, rate: int) -> dict[str, Any]:
+def one_run(n: int, extra: list[str], pyspy_out: str, rate: int, gil: bool = False) -> dict[str, Any]:
     from celery_agents.config import Settings
     from celery_agents.model import UserQuery, parse_agent
     from celery_agents.store import Store, client_for_url
@@ -99,6 +99,7 @@ def one_run(n: int, extra: list[str], pyspy_out: str, rate: int) -> dict[str, An
         if pyspy_out:
             steps = [str(pid) for role, pid in parts.items() if role.startswith("steps")]
             cmd = [shutil.which("py-spy") or "py-spy", "record", "--format", "raw", "-r", str(rate), "--nonblocking"]
+            cmd += ["--gil"] if gil else []
             spy = [
                 subprocess.Popen([*cmd, "-o", f"{pyspy_out}.{pid}", "-p", pid], stdout=subprocess.DEVNULL)
                 for pid in steps
@@ -149,11 +150,12 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--py-spy", default="", help="record the steps processes into FILE[.pid]")
     parser.add_argument("--rate", type=int, default=100)
+    parser.add_argument("--gil", action="store_true", help="with --py-spy: sample only the thread holding the GIL")
     parser.add_argument("extra", nargs="*", help="extra `agents worker` flags (after --)")
     args = parser.parse_args()
     for i in range(args.runs):
         out = f"{args.py_spy}.{i}" if args.py_spy and args.runs > 1 else args.py_spy
-        print(json.dumps(one_run(args.sessions, args.extra, out, args.rate)), flush=True)
+        print(json.dumps(one_run(args.sessions, args.extra, out, args.rate, args.gil)), flush=True)
     return 0
 
 
