@@ -20,7 +20,7 @@ from tests.support.redis_server import RedisServer
 HELD = 300
 #: a first renewal is due a third of a lease after the holder took it: under a full suite on two
 #: slow cores (the proxy below forwards in this process's threads) a 2 s lease was once seen to
-#: lapse before it, so the leases here are 4 s — still a tenth of the default
+#: lapse before it, so the leases here are 4 s (the default is 30 s)
 LEASE_S = 4.0
 #: 300 renewals one after another at this latency take 6 s, longer than a lease
 LATENCY_S = 0.02
