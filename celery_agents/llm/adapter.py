@@ -56,6 +56,9 @@ def ensure_litellm() -> Any:
     return litellm
 
 
+#: the longest model name (the agent file's or the answer's) whose missing price is remembered
+MODEL_NAME_LIMIT = 256
+
 #: a provider that prices its answers itself says so in this header, which litellm prefers to its map
 _REPORTED_COST_HEADER = "llm_provider-x-litellm-response-cost"
 
@@ -70,9 +73,10 @@ class UnpricedModels:
     depends only on the model, its provider, what else the call asked to be priced by and the map;
     so once a model raised, the same question raises the same error at once, and litellm carries on
     exactly as before (no cost; its failure record for callbacks). Not remembered: calls with
-    custom pricing, cache hits, answers whose provider reported their cost, and anything that did
-    not raise. Registering a price (`litellm.register_model`) grows the map, which is part of the
-    question, so the model is priced from the next call on."""
+    custom pricing, cache hits, answers whose provider reported their cost, names longer than
+    `MODEL_NAME_LIMIT` (the answer's comes from the server), and anything that did not raise; at
+    most `LIMIT` questions are kept. Registering a price (`litellm.register_model`) grows the map,
+    which is part of the question, so the model is priced from the next call on."""
 
     LIMIT = 1024
 
@@ -99,6 +103,8 @@ class UnpricedModels:
     def _question(self, kw: dict[str, Any]) -> tuple[object, ...] | None:
         if kw.get("cache_hit") or kw.get("custom_pricing") or kw.get("custom_cost_per_token"):
             return None
+        if len(str(kw.get("model") or "")) > MODEL_NAME_LIMIT:
+            return None
         if kw.get("custom_cost_per_second") is not None or kw.get("requested_model_info_override"):
             return None
         response = kw.get("response_object")
@@ -108,6 +114,10 @@ class UnpricedModels:
         else:
             headers = getattr(hidden, "additional_headers", None)
         if isinstance(headers, dict) and _REPORTED_COST_HEADER in headers:
+            return None
+        # The answer's name for its model comes from the server (untrusted): kept only when short.
+        answered = getattr(response, "model", None)
+        if answered is not None and (not isinstance(answered, str) or len(answered) > MODEL_NAME_LIMIT):
             return None
         return (
             kw.get("model"),
@@ -121,7 +131,7 @@ class UnpricedModels:
             kw.get("vertex_location"),
             kw.get("region_name"),
             type(response).__name__,
-            getattr(response, "model", None),
+            answered,
             len(self.litellm.model_cost),
         )
 

@@ -68,3 +68,27 @@ def test_a_price_registered_later_is_used_from_then_on(llm_server: LlmServer) ->
     finally:
         litellm.model_cost.pop(key, None)
     assert cost is not None and cost > 0
+
+
+def test_what_a_model_server_names_itself_is_remembered_only_within_a_bound() -> None:
+    """The answer's `model` comes from the server, which is untrusted: a server naming itself anew
+    with a long name on every answer must not make the process keep a thousand long names."""
+    from celery_agents.llm.adapter import UnpricedModels
+
+    litellm = ensure_litellm()
+
+    class Answer:
+        def __init__(self, model: str) -> None:
+            self.model, self._hidden_params = model, {}
+
+    def original(**kwargs: Any) -> Any:
+        raise litellm.exceptions.ModelNotMappedError("This model isn't mapped yet.")
+
+    memo = UnpricedModels(litellm, original)
+    for i in range(50):
+        with pytest.raises(litellm.exceptions.ModelNotMappedError):
+            memo(model="openai/x", custom_llm_provider="openai", response_object=Answer(f"{i}" + "m" * 100_000))
+    assert sum(len(str(k)) for k in memo.known) < 10_000, "long server-given names were kept"
+    with pytest.raises(litellm.exceptions.ModelNotMappedError):
+        memo(model="openai/x", custom_llm_provider="openai", response_object=Answer("short"))
+    assert len(memo.known) == 1
