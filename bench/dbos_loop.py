@@ -38,7 +38,7 @@ TOPIC = "completion"
 WAITING_EVENT = "waiting"
 MODEL = "demo/bench"
 # Per process: as many workflows at once as `agents worker` runs step threads would drown the
-# system database's connection pool (20) in waits; see docs/performance.md ("DBOS").
+# system database's connection pool (20) in waits; see docs/performance.md ("What bounds them").
 WORKER_CONCURRENCY = 20
 POLLING_INTERVAL_SEC = 0.01
 
@@ -48,8 +48,8 @@ _state: dict[str, Any] = {}
 def _model() -> tuple[Any, Any]:
     if "port" not in _state:
         from celery_agents.llm import LitellmPort
-        from celery_agents.model import parse_agent
         from celery_agents.scheduler.ports import LlmRequest
+        from celery_agents.tools.resolve import parse_agent
 
         agent = parse_agent({"slug": "bench", "model": MODEL})
         _state["port"] = LitellmPort()

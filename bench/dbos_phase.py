@@ -26,7 +26,6 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -34,6 +33,7 @@ from urllib.parse import urlsplit, urlunsplit
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.harness import Sizes, default_step_processes, percentile
 from bench.processes import ROOT, Processes, tree_cpu_seconds
 
 LOCAL_SERVERS = (
@@ -119,9 +119,8 @@ def bench_dbos(
     procs: Processes,
     prefix: str,
     workers: int,
-    sizes: Any,
+    sizes: Sizes,
     url: str | None,
-    percentile: Callable[..., float],
     queue: list[str] | None = None,
     synchronous_commit: str = "off",
 ) -> dict[str, Any]:
@@ -138,7 +137,7 @@ def bench_dbos(
     started = time.perf_counter()
     try:
         with throwaway_database(server, f"dbos_{prefix}", synchronous_commit) as db:
-            out = run_phase(procs, db, workers, sizes, percentile, queue or [])
+            out = run_phase(procs, db, workers, sizes, queue or [])
     except CannotCreate as e:
         return {"dbos_skipped": str(e)}
     out["dbos_phase_wall_s"] = round(time.perf_counter() - started, 1)
@@ -181,9 +180,7 @@ def wait_report(procs: Processes, proc: Any, report: Any, name: str, timeout: fl
         time.sleep(0.05)
 
 
-def run_phase(
-    procs: Processes, db: str, workers: int, sizes: Any, percentile: Callable[..., float], queue: list[str]
-) -> dict[str, Any]:
+def run_phase(procs: Processes, db: str, workers: int, sizes: Sizes, queue: list[str]) -> dict[str, Any]:
     import psycopg
     from dbos import DBOSClient, EnqueueOptions
 
@@ -317,8 +314,6 @@ def main() -> int:
     import argparse
     import uuid
 
-    from bench.run import Sizes, default_step_processes, percentile
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--workers", type=int, default=default_step_processes())
@@ -340,7 +335,6 @@ def main() -> int:
             args.workers,
             sizes,
             args.dbos_url,
-            percentile,
             queue,
             args.synchronous_commit,
         )

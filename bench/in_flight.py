@@ -4,7 +4,8 @@ N sessions (an agent whose model, served by `bench/slow_model.py`, first asks fo
 python tool call, then answers) are created in auto drive and their first steps published back to
 back to one `agents worker` started as a user starts it. Each session takes three steps (model
 call, the tool, model call). Measured: the wall time from the first publish until every session
-has completed, steps per second, the worker tree's peak resident memory (summed RSS sampled every
+has completed, steps per second, the worker tree's CPU per step (its processes' user + system
+time over that window ÷ 3N), the worker tree's peak resident memory (summed RSS sampled every
 0.2 s, shared pages counted once per process; PSS every second) and the most model requests the
 server held at once.
 """
@@ -13,11 +14,11 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import urllib.request
 from typing import Any
 
-from bench.processes import Processes, agents_env, tree_pss_mb, tree_rss_mb, wait_heartbeat
+from bench.harness import Agents, publish_and_wait, served
+from bench.processes import Processes, tree_cpu_seconds, tree_pss_mb, tree_rss_mb
 
 DELAY_S = 1.0
 
@@ -71,47 +72,29 @@ class PeakRss:
 
 
 def bench_slow_model(procs: Processes, url: str, prefix: str, step_processes: int, n: int) -> dict[str, Any]:
-    from celery_agents.config import Settings
-    from celery_agents.model import UserQuery, parse_agent
-    from celery_agents.store import Store, client_for_url
-    from celery_agents.tasks.config import Dispatcher, make_app
+    from celery_agents.tools.resolve import parse_agent
 
     model_url = procs.slow_model(DELAY_S)
     prefix = f"{prefix}slow"
-    settings = Settings(redis_url=url, prefix=prefix)
-    store = Store(client_for_url(url), settings)
-    app = make_app(settings, main="bench_slow")
-    dispatcher = Dispatcher(app)
+    bench = Agents(url, prefix, main="bench_slow")
+    store, k = bench.store, bench.store.keys
     agent = parse_agent(slow_agent(model_url))
-    name = f"slow-{prefix}@bench"
-    worker = procs.agents_worker(agents_env(url, prefix), step_processes, name)
-    k = store.keys
-    try:
-        wait_heartbeat(store.client, prefix, name, worker)
-        sids = [store.create_session(agent, UserQuery(text="go"), drive="auto", owe=True).session_id for _ in range(n)]
+    with served(procs, bench, step_processes, "slow") as worker:
+        sids = bench.create(n, agent=agent, text="go", drive="auto", owe=True)
+        cpu0 = tree_cpu_seconds(worker.pid)
         with PeakRss(worker.pid) as rss:
-            t0 = time.perf_counter()
-            for sid in sids:
-                dispatcher.step(sid, 1, "bench")
-            deadline = time.monotonic() + 600
-            while store.client.zcard(k.state_index("completed")) + store.client.zcard(k.state_index("failed")) < n:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{n} slow-model sessions did not finish within 600 s")
-                time.sleep(0.02)
-            wall = time.perf_counter() - t0
+            wall = publish_and_wait(store, bench.dispatcher, sids, 600, "slow-model")
+        cpu = tree_cpu_seconds(worker.pid) - cpu0
         failed = store.client.zcard(k.state_index("failed"))
         if failed:
             raise RuntimeError(f"{failed} slow-model sessions failed")
         with urllib.request.urlopen(model_url + "/stats", timeout=10) as reply:
             stats = json.loads(reply.read())
-    finally:
-        procs.stop(worker, name)
-        store.client.close()
-        app.close()
     return {
         "slow_model_sessions": n,
         "slow_model_wall_s": round(wall, 3),
         "slow_model_steps_per_s": 3 * n / wall,
+        "slow_model_worker_cpu_ms_per_step": round(cpu * 1000 / (3 * n), 3),
         "slow_model_peak_rss_mb": round(rss.peak, 1),
         "slow_model_peak_pss_mb": round(rss.peak_pss, 1),
         "slow_model_max_in_flight": stats["max_in_flight"],

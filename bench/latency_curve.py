@@ -7,7 +7,8 @@ two Redis round trips a durable step makes (lease and read, commit) are a large 
 This script puts both behind the same local OpenAI-compatible server (`bench/slow_model.py`)
 answering after each delay, so that the model call goes over HTTP as it does with a provider, and
 reports for each delay both round trips' p50, their difference (what durability adds) and their
-ratio. Same Redis (private, on a free port), same worker count, same pool, one step at a time.
+ratio. Same Redis (private, on a free port), same worker count, same pool, one step at a time, the
+two loops' steps alternating.
 """
 
 from __future__ import annotations
@@ -25,48 +26,34 @@ if __package__ in (None, ""):
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from bench.processes import Processes, agents_env, wait_heartbeat
-from celery_agents.tasks.supervisor import default_step_processes
-
-
-def naive_p50(procs: Processes, url: str, prefix: str, workers: int, model_url: str, steps: int) -> float:
-    """The naive loop's round trip p50 (ms): publish → its `RPUSH` seen, one step at a time."""
-    from bench.run import NaiveLoop, percentile, roundtrips
-
-    env = agents_env(url, prefix, BENCH_NAIVE_MODEL="openai/slow", BENCH_NAIVE_API_BASE=model_url)
-    with NaiveLoop(procs, url, prefix, workers, env, "curve") as loop:
-        rtts = roundtrips(loop.send, loop.client, loop.key, steps, "a naive step")
-    return percentile(rtts[steps // 10 :], 50)
-
-
-def agents_p50(procs: Processes, url: str, prefix: str, workers: int, model_url: str, steps: int) -> float:
-    """celery-agents' step round trip p50 (ms): `Dispatcher.step` → `step_committed` seen."""
-    from bench.run import Agents, percentile
-    from celery_agents.model import parse_agent
-
-    agents = Agents(url, prefix)
-    agent = parse_agent({"slug": "curve", "model": "openai/slow", "apiBase": model_url})
-    name = f"agents-{prefix}@curve"
-    worker = procs.agents_worker(agents_env(url, prefix), workers, name)
-    try:
-        wait_heartbeat(agents.client, prefix, name, worker)
-        sids = agents.create(steps, agent=agent, text="Hello")
-        rtts = [agents.step_roundtrip(sid) for sid in sids]
-    finally:
-        procs.stop(worker, name)
-        agents.close()
-    return percentile(rtts[steps // 10 :], 50)
+from bench.harness import Agents, NaiveLoop, default_step_processes, percentile, roundtrips, served
+from bench.processes import Processes, agents_env
 
 
 def measure(procs: Processes, url: str, prefix: str, workers: int, delay_ms: float, steps: int) -> dict[str, float]:
-    """Both round trips' p50 behind one local model server answering after `delay_ms`."""
+    """Both round trips' p50 behind one local model server answering after `delay_ms`: both loops
+    run at once, and their steps alternate one at a time (a naive step, a durable step, ...), so
+    that whatever the machine does meanwhile (the phase before winding down, other work) weighs on
+    both alike; the first tenth of each warms up."""
+    from celery_agents.tools.resolve import parse_agent
+
     model_url = procs.slow_model(delay_ms / 1000)
     server = procs.procs[-1][1]
+    env = agents_env(url, prefix + "n", BENCH_NAIVE_MODEL="openai/slow", BENCH_NAIVE_API_BASE=model_url)
+    agents = Agents(url, prefix + "a")
+    agent = parse_agent({"slug": "curve", "model": "openai/slow", "apiBase": model_url})
+    naive_rtts: list[float] = []
+    rtts: list[float] = []
     try:
-        naive = naive_p50(procs, url, prefix + "n", workers, model_url, steps)
-        ours = agents_p50(procs, url, prefix + "a", workers, model_url, steps)
+        naive_loop = NaiveLoop(procs, url, prefix + "n", workers, env, "curve")
+        with naive_loop as loop, served(procs, agents, workers, "curve"):
+            for sid in agents.create(steps, agent=agent, text="Hello"):
+                naive_rtts += roundtrips(loop.send, loop.client, loop.key, 1, "a naive step")
+                rtts.append(agents.step_roundtrip(sid))
     finally:
         procs.stop(server, "slow-model")
+    naive = percentile(naive_rtts[steps // 10 :], 50)
+    ours = percentile(rtts[steps // 10 :], 50)
     return {
         "model_delay_ms": delay_ms,
         "naive_step_p50_ms": round(naive, 3),

@@ -26,8 +26,8 @@ def measure(calls: int) -> dict[str, float]:
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     from celery_agents.llm import LitellmPort
     from celery_agents.llm.adapter import ensure_litellm
-    from celery_agents.model import parse_agent
     from celery_agents.scheduler.ports import LlmRequest
+    from celery_agents.tools.resolve import parse_agent
 
     ensure_litellm()
     agent = parse_agent({"slug": "bench", "model": "demo/bench"})

@@ -57,8 +57,8 @@ def _warm(**_: Any) -> None:
 def _clients() -> tuple[redis.Redis, Any, Any]:
     if _state.get("pid") != os.getpid():
         from celery_agents.llm import LitellmPort
-        from celery_agents.model import parse_agent
         from celery_agents.scheduler.ports import LlmRequest
+        from celery_agents.tools.resolve import parse_agent
 
         spec = {"slug": "bench", "model": os.environ.get("BENCH_NAIVE_MODEL", MODEL)}
         if os.environ.get("BENCH_NAIVE_API_BASE"):

@@ -185,17 +185,24 @@ class Processes:
             )
         return out
 
-    def slow_model(self, delay: float) -> str:
-        """The local model server that answers after `delay` seconds (`bench/slow_model.py`); its URL."""
+    def slow_model(
+        self, delay: float, tokens: int = 0, limit: int = 0, window: float = 60.0, token_ms: float = 0.0
+    ) -> str:
+        """The local model server that answers after `delay` seconds (`bench/slow_model.py`; its final
+        text `tokens` words, when given, streamed a word every `token_ms`; with `limit` > 0 a 429
+        beyond `limit` requests per `window` seconds); its URL."""
         port = free_port()
-        proc = self.start(
-            "slow-model",
-            [sys.executable, str(ROOT / "bench" / "slow_model.py"), "--delay", str(delay), "--port", str(port)],
-        )
+        name = "slow-model" if not limit else "limited-model"
+        args = [sys.executable, str(ROOT / "bench" / "slow_model.py"), "--delay", str(delay), "--port", str(port)]
+        if tokens:
+            args += ["--tokens", str(tokens), "--token-ms", str(token_ms)]
+        if limit:
+            args += ["--limit", str(limit), "--window", str(window)]
+        proc = self.start(name, args)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise RuntimeError(f"the slow model server exited:\n{self.log_tail('slow-model')}")
+                raise RuntimeError(f"the slow model server exited:\n{self.log_tail(name)}")
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
                 return f"http://127.0.0.1:{port}/v1"
             time.sleep(0.05)

@@ -17,10 +17,11 @@ import itertools
 from typing import Any
 
 from celery_agents.config import Settings
-from celery_agents.model import AgentSpec, LlmTurn, ToolCall, TrackedCall, Usage, UserQuery, parse_agent
+from celery_agents.model import AgentSpec, CallOutcome, LlmTurn, ToolCall, TrackedCall, Usage, UserQuery
 from celery_agents.runtime import run_step
-from celery_agents.scheduler import CallOutcome, LlmRequest
+from celery_agents.scheduler import LlmRequest
 from celery_agents.store import Store, client_for_url
+from celery_agents.tools.resolve import parse_agent
 
 AGENT: dict[str, Any] = {
     "slug": "bench-growth",

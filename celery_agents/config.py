@@ -7,16 +7,18 @@ the embedded local default: a redis-server started from the package with its dat
 `AGENTS_HOME`, and steps run in the calling process. `docs/architecture.md` has the table of every
 variable, checked against this model by tests/test_config.py.
 
-pydantic-settings was measured for the reading (December 2026, this machine): importing it adds
-~170 ms (the least of 12 runs; argparse, dotenv and its cloud providers come with it) to a CLI
-start of ~230 ms, so the few lines below read the variables and pydantic, already loaded by every
+pydantic-settings was measured for the reading (docs/architecture.md, "Settings"): importing it
+adds ~170 ms (the least of 12 runs on a 2-core machine; argparse, dotenv and its cloud providers
+come with it) to a CLI start of ~230 ms, so the few lines below read the variables and pydantic, already loaded by every
 command, validates them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -63,6 +65,34 @@ def _switch(value: object) -> object:
     return _SWITCH.get(text, text) if isinstance(text, str) else text
 
 
+def _names(value: object) -> object:
+    """A comma-separated list of names as a tuple (blanks dropped)."""
+    return tuple(n.strip() for n in value.split(",") if n.strip()) if isinstance(value, str) else value
+
+
+def _tool_variables(names: tuple[str, ...]) -> tuple[str, ...]:
+    for name in names:
+        if not name.replace("_", "a").isalnum() or name[0].isdigit():
+            raise ValueError(f"{name!r} is not the name of an environment variable")
+        if name.upper().startswith("AGENTS_"):
+            raise ValueError(f"{name} is a setting of the worker, never given to a tool")
+    return names
+
+
+def _networks(value: object) -> object:
+    """Comma-separated CIDRs (a bare address is its own /32 or /128) as a tuple of networks."""
+    if not isinstance(value, str):
+        return value
+    networks = []
+    for part in filter(None, (p.strip() for p in value.split(","))):
+        try:
+            networks.append(ipaddress.ip_network(part, strict=False))
+        except ValueError:
+            raise ValueError(f"{part!r} is not an IP network (a CIDR such as 10.0.0.0/8, or an address)") from None
+    return tuple(networks)
+
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 Positive = Annotated[int, Field(gt=0)]
 Choice = Annotated[str, AfterValidator(_lower)]
 
@@ -95,6 +125,12 @@ class Settings:
     lease_seconds: float = field(
         default=30.0, metadata=env("AGENTS_LEASE_SECONDS", "how long a step or call holds its lease unrenewed (s)")
     )
+    redis_outage_seconds: float = field(
+        default=30.0,
+        metadata=env(
+            "AGENTS_REDIS_OUTAGE_SECONDS", "how long a worker waits out an unreachable Redis before it gives up (s)"
+        ),
+    )
     sweep_interval: float = field(
         default=1.0, metadata=env("AGENTS_SWEEP_INTERVAL", "how often workers sweep owed steps and deadlines (s)")
     )
@@ -112,6 +148,14 @@ class Settings:
     )
     #: events kept per session (approximate cap of the stream); not an environment setting
     events_maxlen: int = 2000
+    limits_burst: float = field(
+        default=1.0,
+        metadata=env("AGENTS_LIMITS_BURST", "seconds' worth of a rate limit's calls that may start at once"),
+    )
+    limits_refresh: float = field(
+        default=1.0,
+        metadata=env("AGENTS_LIMITS_REFRESH", "how long a worker trusts its copy of the fleet's limits (s)"),
+    )
     restore_interval: float = field(
         default=10.0,
         metadata=env("AGENTS_RESTORE_INTERVAL", "how often the broker puts back messages past visibility (s)"),
@@ -129,6 +173,26 @@ class Settings:
     media_max_bytes: int = field(
         default=20 * ONE_MIB, metadata=env("AGENTS_MEDIA_MAX_BYTES", "a larger --media attachment is refused (bytes)")
     )
+    mcp_max_tools: Positive = field(
+        default=256, metadata=env("AGENTS_MCP_MAX_TOOLS", "an MCP server listing more tools is refused at load")
+    )
+    mcp_max_description_bytes: Positive = field(
+        default=4096,
+        metadata=env("AGENTS_MCP_MAX_DESCRIPTION_BYTES", "an MCP tool with a longer description is refused (bytes)"),
+    )
+    mcp_max_schema_bytes: Positive = field(
+        default=64 * 1024,
+        metadata=env(
+            "AGENTS_MCP_MAX_SCHEMA_BYTES", "an MCP tool with a larger input schema is refused (bytes of JSON)"
+        ),
+    )
+    mcp_max_listing_bytes: Positive = field(
+        default=256 * 1024,
+        metadata=env(
+            "AGENTS_MCP_MAX_LISTING_BYTES",
+            "an MCP server whose descriptions and schemas come to more is refused (bytes)",
+        ),
+    )
     #: never stored, never printed (kept out of repr)
     spec_key: str | None = field(
         default=None, repr=False, metadata=env("AGENTS_SPEC_KEY", "signs stored agent specs (HMAC-SHA256)")
@@ -139,6 +203,19 @@ class Settings:
     )
     allow_eviction: Annotated[bool, BeforeValidator(_flag)] = field(
         default=False, metadata=env("AGENTS_ALLOW_EVICTION", "1: run on a Redis whose maxmemory-policy may evict")
+    )
+    ack_fsync: Annotated[bool, BeforeValidator(_flag)] = field(
+        default=False,
+        metadata=env(
+            "AGENTS_ACK_FSYNC", "1: start, send and complete return once Redis fsynced them (Redis ≥ 7.2: WAITAOF)"
+        ),
+    )
+    ack_replicas: Annotated[int, Field(ge=0)] | None = field(
+        default=None,
+        metadata=env(
+            "AGENTS_ACK_REPLICAS",
+            "writes wait until this many replicas have them (WAIT); unset: 1 on Sentinel, else 0",
+        ),
     )
     llm_attempts: Positive = field(
         default=4, metadata=env("AGENTS_LLM_ATTEMPTS", "attempts of one model call (transient failures)")
@@ -152,6 +229,12 @@ class Settings:
     llm_timeout: float = field(
         default=120.0, metadata=env("AGENTS_LLM_TIMEOUT", "a model call may take this long before it times out (s)")
     )
+    stream_flush_ms: Positive = field(
+        default=200,
+        metadata=env(
+            "AGENTS_STREAM_FLUSH_MS", "a streaming answer's text is written to the session's events this often (ms)"
+        ),
+    )
     sandbox_bwrap: Choice = field(
         default="auto", metadata=env("AGENTS_SANDBOX_BWRAP", "auto, off or require: bubblewrap for runIsolated")
     )
@@ -164,15 +247,30 @@ class Settings:
     sandbox_cgroup: Choice = field(
         default="auto", metadata=env("AGENTS_SANDBOX_CGROUP", "auto or off: a cgroup per runIsolated run")
     )
+    tool_env: Annotated[tuple[str, ...], BeforeValidator(_names), AfterValidator(_tool_variables)] = field(
+        default=(),
+        metadata=env(
+            "AGENTS_TOOL_ENV", "variables every command tool gets besides those its `env` names (comma-separated)"
+        ),
+    )
     #: never stored, never printed (kept out of repr)
     api_token: str | None = field(
         default=None,
         repr=False,
         metadata=env("AGENTS_API_TOKEN", "`agents serve` asks every request for it; unset: loopback addresses only"),
     )
+    trusted_proxies: Annotated[tuple[IPNetwork, ...], BeforeValidator(_networks)] = field(
+        default=(),
+        metadata=env(
+            "AGENTS_TRUSTED_PROXIES", "`agents serve` takes X-Forwarded-For from these only (comma-separated CIDRs)"
+        ),
+    )
     metrics_dir: Annotated[Path, AfterValidator(_expand)] | None = field(
         default=None,
-        metadata=env("AGENTS_METRICS_DIR", "where a worker's processes count metrics (set by `--metrics-port`)"),
+        metadata=env(
+            "AGENTS_METRICS_DIR",
+            "where a worker's processes keep their step latency histogram (set by `--metrics-port`)",
+        ),
     )
     log_format: Annotated[Literal["text", "json"], BeforeValidator(_lower_text)] = field(
         default="text", metadata=env("AGENTS_LOG_FORMAT", "text, or json: worker logs as one JSON object per line")
@@ -198,6 +296,15 @@ class Settings:
         return self.redis_url is None
 
     @property
+    def replicas_to_ack(self) -> int:
+        """How many replicas each write waits for: `AGENTS_ACK_REPLICAS`, else 1 on Sentinel
+        (a failover promotes a replica: one that has the write keeps it), else 0."""
+        if self.ack_replicas is not None:
+            return self.ack_replicas
+        scheme = (self.redis_url or "").split("://", 1)[0].lower()
+        return 1 if scheme in ("redis+sentinel", "rediss+sentinel") else 0
+
+    @property
     def tracing_on(self) -> bool:
         """Traces are kept: AGENTS_TRACING=1, or an OTLP endpoint unless AGENTS_TRACING=0."""
         return self.tracing == "1" or (self.tracing == "auto" and bool(self.otlp_endpoint))
@@ -211,6 +318,17 @@ class Settings:
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
+
+
+#: keys a worker holds in its `Settings` only: once read, they leave its process environment, so
+#: neither a python tool running in it nor any program started from it inherits them
+WORKER_KEYS = ("AGENTS_SPEC_KEY", "AGENTS_API_TOKEN")
+
+
+def forget_keys(environ: MutableMapping[str, str] = os.environ) -> None:
+    """Remove `WORKER_KEYS` from `environ` (the settings read from it keep them)."""
+    for variable in WORKER_KEYS:
+        environ.pop(variable, None)
 
 
 def variables() -> dict[str, tuple[str, str]]:
@@ -259,7 +377,7 @@ def table() -> str:
 def _shown(name: str, value: object) -> str:
     if name == "home":
         return f"`{DEFAULT_HOME}`"
-    if value is None or value == "":
+    if value is None or value == "" or value == ():
         return "unset"
     if isinstance(value, bool):
         return "`1`" if value else "unset"

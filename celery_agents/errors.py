@@ -52,6 +52,12 @@ class InvalidEntry(InvalidInput):
     code = "invalid_entry"
 
 
+class InvalidArguments(InvalidInput):
+    """Arguments given with an approval (an edit) do not validate against the tool's schema."""
+
+    code = "invalid_arguments"
+
+
 class UnknownSession(AgentsError):
     code = "unknown_session"
     exit_code = 3
@@ -59,6 +65,13 @@ class UnknownSession(AgentsError):
 
 class UnknownToken(AgentsError):
     code = "unknown_token"
+    exit_code = 3
+
+
+class UnknownLimit(AgentsError):
+    """`limits delete` of a KEY under which no limit is set."""
+
+    code = "unknown_limit"
     exit_code = 3
 
 
@@ -80,10 +93,32 @@ class TokenCancelled(TokenConflict):
     code = "token_cancelled"
 
 
+class NotAnApproval(TokenConflict):
+    """approve or reject of a deferred call that is not an approval gate (a person supplies its
+    result: complete it)."""
+
+    code = "not_an_approval"
+
+
+class DigestMismatch(TokenConflict):
+    """The decision was made on another call than the one pending (`--digest`)."""
+
+    code = "digest_mismatch"
+
+
 class SessionNotAdvanceable(AgentsError):
     """The session is cancelled, failed, completed or otherwise cannot take this command."""
 
     code = "session_not_advanceable"
+    exit_code = 5
+
+
+class BudgetExceeded(AgentsError):
+    """A session (or one above it) reached a limit of its `budget`: the session failed before the
+    call that would have passed it; `session resume --grant` raises the limit and goes on. The
+    session's `error` carries this code."""
+
+    code = "budget_exceeded"
     exit_code = 5
 
 
@@ -96,8 +131,22 @@ class UntrustedSpec(AgentsError):
 
 
 class RedisUnavailable(AgentsError):
+    """Redis cannot be reached (refused, timed out, still loading its data)."""
+
     code = "redis_unavailable"
     exit_code = 1
+
+
+class RedisRefused(AgentsError):
+    """Redis answered a command with an error (out of memory, a read-only replica, a script's
+    error). Not an outage: waiting for Redis to come back does not help."""
+
+    code = "redis_unavailable"
+    exit_code = 1
+
+
+class IncompatibleData(RedisRefused):
+    """The Redis holds celery-agents data of a stored format this release does not read."""
 
 
 class WaitTimeout(AgentsError):
@@ -112,4 +161,6 @@ TOKEN_ERRORS: dict[str, type[AgentsError]] = {
     "completed": TokenAlreadyCompleted,
     "expired": TokenExpired,
     "cancelled": TokenCancelled,
+    "not_an_approval": NotAnApproval,
+    "digest_mismatch": DigestMismatch,
 }

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: files out in collection order (`--no-loadscope-reorder`), and one of these started last would
 #: keep the whole run waiting on it alone. A file missing here only runs later, in its usual place.
 LONGEST_FILES = (
-    # wall time in a full `-n 4` run on 2 cores (2026-12-02)
+    # wall time in a full `-n 4` run on 2 cores
     "tests/bench/test_bench_smoke.py",  # ~180 s
     "tests/e2e/test_no_leaks.py",  # ~155 s
     "tests/chaos/test_load.py",  # ~120 s
@@ -95,6 +97,15 @@ def redis_url(redis_server: RedisServer) -> str:
 @pytest.fixture
 def prefix() -> str:
     return f"t{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def tooldir() -> Iterator[Path]:
+    """A folder every uid can read (pytest's tmp_path is 0700): sandboxed tools run from here."""
+    path = Path(tempfile.mkdtemp(prefix="agents-tooltest-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

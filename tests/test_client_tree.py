@@ -1,6 +1,6 @@
 """Sub-agents and follow-ups with steps run in this process (inline, as on the embedded default):
 a child is driven here and its end wakes the parent; a child that defers leaves the tree waiting
-until its token is completed; an approved delegation runs its child here."""
+until its token is completed; an approved delegation runs its child here, a completed one none."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import pytest
 from celery_agents import Client
 from celery_agents.config import Settings
 from celery_agents.errors import SessionNotAdvanceable
-from celery_agents.model import LlmTurn, State, parse_agent
+from celery_agents.model import LlmTurn, State
 from celery_agents.scheduler import LlmRequest
+from celery_agents.tools.resolve import parse_agent
 from tests.scheduler.fakes import llm_turn
 
 HELPER = {"slug": "helper", "model": "fake/helper", "tools": [{"name": "approve", "external": True}]}
@@ -76,10 +77,26 @@ def test_inline_an_approved_delegation_runs_its_child(settings: Settings) -> Non
     with Client(settings, inline=True, llm=llm) as client:
         view = client.start(boss(toolCallPolicy={"default": "runSync", "rules": [rule]}), "go", run=True)
         (call,) = view.pending
-        assert view.state == State.WAITING and call.token
-        client.complete(call.token, "go ahead")
+        assert view.state == State.WAITING and call.token and (call.kind, call.then) == ("approval", "runAsync")
+        assert client.approve(call.token).decision == "approved"
         final = client.view(view.session_id)
         assert (final.state, final.response, len(final.children)) == (State.COMPLETED, "boss done", 1)
+        assert ("helper", "find it") in llm.asked
+
+
+def test_inline_completing_a_deferred_delegation_responds_and_starts_no_child(settings: Settings) -> None:
+    """A deferred delegation is a gate: `complete` records the result a person gives ("respond"),
+    as for any gate; only `approve` starts the child."""
+    rule = {"tool": "prompt_agent_helper", "disposition": "defer"}
+    llm = ByModel(boss=[delegate(), llm_turn(text="boss done")], helper=[llm_turn(text="found it")])
+    with Client(settings, inline=True, llm=llm) as client:
+        view = client.start(boss(toolCallPolicy={"default": "runSync", "rules": [rule]}), "go", run=True)
+        (call,) = view.pending
+        assert client.complete(call.token or "", "it is in the drawer").decision == "responded"
+        final = client.resume(view.session_id)
+        assert (final.state, final.response, final.children) == (State.COMPLETED, "boss done", [])
+        assert [name for name, _ in llm.asked] == ["boss", "boss"], "the helper was never asked"
+        assert llm.asked[-1] == ("boss", "it is in the drawer"), "the model got the given result"
 
 
 def test_inline_send_continues_the_conversation(settings: Settings) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from ipaddress import ip_network
 from pathlib import Path
 
 import pytest
@@ -23,27 +24,42 @@ SET = {
     "AGENTS_TOOL_TIME_LIMIT": ("62", 62.0),
     "AGENTS_VISIBILITY_TIMEOUT": ("63", 63.0),
     "AGENTS_LEASE_SECONDS": ("2.5", 2.5),
+    "AGENTS_REDIS_OUTAGE_SECONDS": ("12.5", 12.5),
     "AGENTS_SWEEP_INTERVAL": ("0.2", 0.2),
     "AGENTS_OWED_GRACE": ("3", 3.0),
     "AGENTS_LOST_GRACE": ("4", 4.0),
     "AGENTS_CLOCK_SKEW": ("5", 5.0),
+    "AGENTS_LIMITS_BURST": ("0.1", 0.1),
+    "AGENTS_LIMITS_REFRESH": ("0.25", 0.25),
     "AGENTS_RESTORE_INTERVAL": ("6", 6.0),
     "AGENTS_MAX_RESULT_BYTES": ("100", 100),
     "AGENTS_MAX_PROMPT_BYTES": ("200", 200),
     "AGENTS_MAX_QUEUED_MESSAGES": ("7", 7),
     "AGENTS_MEDIA_MAX_BYTES": ("300", 300),
+    "AGENTS_MCP_MAX_TOOLS": ("10", 10),
+    "AGENTS_MCP_MAX_DESCRIPTION_BYTES": ("11", 11),
+    "AGENTS_MCP_MAX_SCHEMA_BYTES": ("12", 12),
+    "AGENTS_MCP_MAX_LISTING_BYTES": ("13", 13),
     "AGENTS_SPEC_KEY": ("k" * 32, "k" * 32),
     "AGENTS_RETENTION_DAYS": ("7", 7.0),
     "AGENTS_ALLOW_EVICTION": ("1", True),
+    "AGENTS_ACK_FSYNC": ("1", True),
+    "AGENTS_ACK_REPLICAS": ("2", 2),
     "AGENTS_LLM_ATTEMPTS": ("2", 2),
     "AGENTS_LLM_BACKOFF": ("0.5", 0.5),
     "AGENTS_LLM_MAX_BACKOFF": ("9", 9.0),
     "AGENTS_LLM_TIMEOUT": ("8", 8.0),
+    "AGENTS_STREAM_FLUSH_MS": ("50", 50),
     "AGENTS_SANDBOX_BWRAP": ("REQUIRE", "require"),
     "AGENTS_SANDBOX_UID": ("off", "off"),
     "AGENTS_SANDBOX_DIR": ("/tmp/boxes", "/tmp/boxes"),
     "AGENTS_SANDBOX_CGROUP": ("off", "off"),
+    "AGENTS_TOOL_ENV": ("GITHUB_TOKEN, PIP_INDEX_URL", ("GITHUB_TOKEN", "PIP_INDEX_URL")),
     "AGENTS_API_TOKEN": ("t" * 32, "t" * 32),
+    "AGENTS_TRUSTED_PROXIES": (
+        "10.0.0.0/8, ::1,192.168.1.1",
+        tuple(map(ip_network, ["10.0.0.0/8", "::1", "192.168.1.1"])),
+    ),
     "AGENTS_FAULT_PAUSE": ("after_commit", "after_commit"),
     "AGENTS_FAULT_PAUSE_SECONDS": ("1", 1.0),
     "AGENTS_FAULT_CLOCK_SHIFT": ("-3600", -3600.0),
@@ -84,6 +100,10 @@ def test_a_value_that_does_not_fit_is_refused_naming_its_variable(monkeypatch: p
     monkeypatch.setenv("AGENTS_MAX_RESULT_BYTES", "0")
     with pytest.raises(ValueError, match=r"AGENTS_MAX_RESULT_BYTES='0'.*greater than 0"):
         Settings.from_env()
+    monkeypatch.setenv("AGENTS_MAX_RESULT_BYTES", "1")
+    monkeypatch.setenv("AGENTS_TRUSTED_PROXIES", "10.0.0.0/8, 300.1.2.3")
+    with pytest.raises(ValueError, match=r"AGENTS_TRUSTED_PROXIES=.*'300.1.2.3' is not an IP network"):
+        Settings.from_env()
 
 
 def test_only_exactly_1_allows_eviction_and_no_retention_is_kept_forever(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -117,3 +137,17 @@ def test_the_architecture_page_holds_the_table_of_every_variable() -> None:
         "docs/architecture.md's settings table is not the model's: paste "
         "`python -c 'from celery_agents.config import table; print(table())'`"
     )
+
+
+def test_an_agents_tool_env_naming_a_setting_of_the_worker_refuses_to_start(tmp_path: Path) -> None:
+    """AGENTS_TOOL_ENV passes variables to every tool: naming an `AGENTS_*` one (the Redis URL, the
+    spec key) stops the worker, the CLI and `serve` at once, exit 2, naming it."""
+    from tests.cli.process import agents, cli_env
+
+    env = cli_env(None, "toolenv", tmp_path, AGENTS_TOOL_ENV="GITHUB_TOKEN, AGENTS_SPEC_KEY")
+    for command in (["worker", "--queues", "tools"], ["session", "list", "--json"], ["serve", "--port", "1"]):
+        run = agents(*command, env=env, timeout=60)
+        assert run.returncode == 2, run
+        said = run.stdout + run.stderr
+        assert "AGENTS_SPEC_KEY is a setting of the worker, never given to a tool" in said, run
+        assert "Traceback" not in said

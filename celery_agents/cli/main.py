@@ -12,12 +12,16 @@ import sys
 from collections.abc import Callable, Iterator
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 import typer.core
 
 from celery_agents.errors import AgentsError, InvalidInput, RedisUnavailable
+
+if TYPE_CHECKING:
+    from celery_agents.client import Client
+    from celery_agents.model import CompletionOutcome
 
 _type_of = typer.core.TyperOption.display_type_rich
 
@@ -37,10 +41,16 @@ app = typer.Typer(
 )
 session_app = typer.Typer(
     no_args_is_help=True,
-    help="Operate sessions: start, step, resume, pause, pending, complete, run-isolated, show, list, cancel, "
-    "logs, delete, purge. ID may be any unique prefix of a session id.",
+    help="Operate sessions: start, send, step, resume, pause, pending, complete, approve, reject, extend, "
+    "run-isolated, show, list, history, fork, rerun, cancel, logs, delete, purge. ID may be any unique "
+    "prefix of a session id.",
 )
 app.add_typer(session_app, name="session")
+limits_app = typer.Typer(
+    no_args_is_help=True,
+    help="Fleet-wide limits on model calls, per model or limitKey: set, list, delete.",
+)
+app.add_typer(limits_app, name="limits")
 
 _ARGV: list[str] = []
 
@@ -61,6 +71,13 @@ MediaOpt = Annotated[
     list[str] | None, typer.Option("--media", "-m", help="An image or other file attached to the prompt (repeatable).")
 ]
 SessionArg = Annotated[str, typer.Argument(help="The session id, or any unique prefix of it.", metavar="ID")]
+PriorityOpt = Annotated[
+    int | None, typer.Option("--priority", help="0 (lowest) to 9: steps of higher ones go first (default 5).")
+]
+DigestOpt = Annotated[
+    str | None, typer.Option("--digest", help="Refuse unless the pending call has this digest (from pending).")
+]
+LimitKeyArg = Annotated[str, typer.Argument(help="A model name as agent files write it, or a limitKey.", metavar="KEY")]
 
 
 class Thinking(StrEnum):
@@ -83,6 +100,17 @@ def _fail(exc: AgentsError, as_json: bool) -> NoReturn:
     raise typer.Exit(exc.exit_code)
 
 
+def _settings(as_json: bool) -> Any:
+    """This environment's settings; a variable that does not fit (a malformed value, an
+    `AGENTS_TOOL_ENV` naming a setting of the worker) is exit 2 naming it, not a traceback."""
+    from celery_agents.config import Settings
+
+    try:
+        return Settings.from_env()
+    except ValueError as exc:
+        _fail(InvalidInput(str(exc)), as_json)
+
+
 def _where(client: Any) -> str:
     """The Redis a command used, for error messages (the password redacted)."""
     import re
@@ -92,39 +120,19 @@ def _where(client: Any) -> str:
     return f"{place} (prefix {s.prefix})"
 
 
-def _import_redis() -> None:
-    """Import redis-py with OpenTelemetry out of its sight. redis-py 8 imports OpenTelemetry's
-    metrics API and SDK when they are installed (extra `otel`), for client metrics that stay off
-    unless a program turns them on, which celery-agents never does; that import was ~40% of a CLI
-    start (`agents session pending`). Hidden only while redis-py loads: tracing, if on, imports
-    OpenTelemetry afterwards as usual."""
-    if "redis" in sys.modules or "opentelemetry" in sys.modules:
-        return
-    sys.modules["opentelemetry"] = None  # type: ignore[assignment]  # an import of it raises ImportError
-    try:
-        import redis  # noqa: F401
-    finally:
-        del sys.modules["opentelemetry"]
-
-
 @contextlib.contextmanager
 def _command(as_json: bool, inline: bool = False) -> Iterator[Any]:
     """A client for the command; errors become the contract's exit codes and JSON errors."""
-    _import_redis()
-    import redis
-
     from celery_agents.client import Client
 
     client = None
     try:
-        client = Client(inline=True if inline else None)
+        client = Client(_settings(as_json), inline=True if inline else None)
         yield client
     except RedisUnavailable as exc:
         _fail(RedisUnavailable(f"{exc.message} — tried {_where(client)}"), as_json)
     except AgentsError as exc:
         _fail(exc, as_json)
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        _fail(RedisUnavailable(f"cannot reach Redis at {_where(client)}: {exc}"), as_json)
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     finally:
@@ -140,9 +148,16 @@ def _prompt(media_max_bytes: int, prompts: list[str] | None, files: list[str] | 
     return build_query(parts, media_max_bytes)
 
 
-def _print_view(view: Any, as_json: bool, thinking: Thinking = Thinking.none, answer_to_stdout: bool = False) -> None:
+def _print_view(
+    view: Any,
+    as_json: bool,
+    thinking: Thinking = Thinking.none,
+    answer_to_stdout: bool = False,
+    progress: Any = None,
+) -> None:
     """The session view on stdout; with `answer_to_stdout` (`run`) only the answer goes to
-    stdout and the view, a summary, to stderr."""
+    stdout and the view, a summary, to stderr. An answer that streamed to stdout (`progress`) is
+    not printed again: only what of it did not arrive."""
     from celery_agents.cli import output
 
     if as_json:
@@ -150,10 +165,31 @@ def _print_view(view: Any, as_json: bool, thinking: Thinking = Thinking.none, an
         return
     if thinking != Thinking.none and view.state.value == "completed":
         _print_thinking(view, thinking)
-    output.render_view(view, output.err if answer_to_stdout else output.out, answer=not answer_to_stdout)
-    if answer_to_stdout and view.state.value == "completed" and view.response is not None:
-        sys.stdout.write(output.printable(view.response) + "\n")
+    answer = view.response if view.state.value == "completed" else None
+    rest = progress.rest_of(answer) if progress is not None and progress.stream and answer is not None else None
+    if rest is not None:
+        if rest:
+            sys.stdout.write(output.printable(rest) + "\n")
+            sys.stdout.flush()
+        answer = None  # printed as it streamed
+    output.render_view(
+        view, output.err if answer_to_stdout else output.out, answer=not answer_to_stdout and answer is not None
+    )
+    if answer_to_stdout and answer is not None:
+        sys.stdout.write(output.printable(answer) + "\n")
         sys.stdout.flush()
+
+
+def _say_sent(view: Any) -> None:
+    """What became of a message `send` sent, on stderr."""
+    from celery_agents.cli.output import err
+
+    if view.sent == "continued":
+        err.print("the message continued the conversation")
+    else:
+        n = len(view.queued)
+        waiting = f" ({n} message{'s' if n != 1 else ''} waiting)" if n else ""
+        err.print(f"the message was queued for the next model call{waiting}")
 
 
 def _exit_if_ended_badly(view: Any) -> None:
@@ -177,9 +213,12 @@ def _progress(as_json: bool, client: Any) -> Any:
     from celery_agents.cli.progress import Progress
 
     def tokens(session_id: str) -> dict[str, str]:
-        return {p.call_id: p.token for p in client.store.pending_view(session_id) if p.token}
+        found: dict[str, str] = client.tokens(session_id)
+        return found
 
-    return Progress(lines=not as_json, tokens=tokens, queued=not client.inline)
+    # The answer streams to stdout on a terminal; with --json or into a pipe it is printed once, whole.
+    stream = not as_json and sys.stdout.isatty()
+    return Progress(lines=not as_json, tokens=tokens, queued=not client.inline, stream=stream)
 
 
 def _queues_used(spec: Any) -> set[str]:
@@ -198,7 +237,7 @@ def _warn_no_workers(client: Any, used: set[str]) -> None:
     """Say when no live worker consumes a queue this command's session will publish to."""
     if client.inline:
         return
-    workers = client.store.live_workers()
+    workers = client.live_workers()
     served = {q for w in workers for q in w.get("queues", [])}
     warnings = []
     if not workers:
@@ -215,12 +254,10 @@ def _warn_no_workers(client: Any, used: set[str]) -> None:
             err.print(f"[yellow]{w}[/]")
 
 
-def _load_agent(agent_file: Path) -> Any:
-    """The agent file, validated; fields of agents-exe files that are not used here are named
-    on stderr (they are ignored, not refused)."""
-    from celery_agents.model import load_agent_file
-
-    spec = load_agent_file(agent_file)
+def _load_agent(client: Any, agent_file: Path) -> Any:
+    """The agent file, validated and resolved; fields of agents-exe files that are not used here
+    are named on stderr (they are ignored, not refused)."""
+    spec = client.agent_spec(agent_file)
     if spec.ignored_fields:
         from celery_agents.cli.output import err, escape
 
@@ -247,12 +284,12 @@ def _advance(
     query, progress)`, print the view; exit 5 when the session ended failed or cancelled, 130
     on Ctrl-C after saying what became of the session."""
     with _command(as_json, inline) as client:
-        spec = _load_agent(agent_file) if agent_file is not None else None
+        spec = _load_agent(client, agent_file) if agent_file is not None else None
         query = _prompt(client.settings.media_max_bytes, *prompt) if prompt is not None else None
         if session_id is not None:
             session_id = client.resolve(session_id)
         if warn:
-            agent = spec if spec is not None else client.store.agent(client.store.header(session_id).agent_hash)
+            agent = spec if spec is not None else client.agent_of(session_id)
             _warn_no_workers(client, _queues_used(agent))
         progress = _progress(as_json, client)
         progress.session_id = session_id
@@ -263,7 +300,9 @@ def _advance(
             _interrupted(client, progress.session_id)
         if thinking != Thinking.none or answer_to_stdout:
             view = client.view(view.session_id, detail=True)
-        _print_view(view, as_json, thinking, answer_to_stdout=answer_to_stdout)
+        _print_view(view, as_json, thinking, answer_to_stdout=answer_to_stdout, progress=progress)
+        if not as_json and view.sent is not None:
+            _say_sent(view)
         if answer_to_stdout and not as_json:
             _summarise_failed_calls(view)
         _exit_if_ended_badly(view)
@@ -327,19 +366,10 @@ def run(
     wait: WaitOpt = True,
     timeout: TimeoutOpt = None,
     inline: InlineOpt = False,
+    priority: PriorityOpt = None,
 ) -> None:
     """Start a session and drive it until it completes or only outside work remains; print the answer."""
-    _advance(
-        as_json,
-        inline,
-        thinking,
-        lambda client, spec_query, progress: client.start(
-            *spec_query, run=True, wait=wait, timeout=timeout, on_event=progress, on_created=progress.created
-        ),
-        agent_file=agent_file,
-        prompt=(prompt, file, media),
-        answer_to_stdout=True,
-    )
+    _start(agent_file, (prompt, file, media), thinking, as_json, wait, timeout, inline, priority, run=True, answer=True)
 
 
 @session_app.command("start")
@@ -355,20 +385,46 @@ def session_start(
     wait: WaitOpt = True,
     timeout: TimeoutOpt = None,
     inline: InlineOpt = False,
+    priority: PriorityOpt = None,
 ) -> None:
     """Create a session from a prompt (the model is not called unless --step or --run)."""
-    if step and run_:
-        _fail(InvalidInput("choose --step or --run, not both"), as_json)
+    _start(agent_file, (prompt, file, media), thinking, as_json, wait, timeout, inline, priority, step=step, run=run_)
+
+
+def _start(
+    agent_file: Path,
+    prompt: tuple[list[str] | None, list[str] | None, list[str] | None],
+    thinking: Thinking,
+    as_json: bool,
+    wait: bool,
+    timeout: float | None,
+    inline: bool,
+    priority: int | None,
+    *,
+    step: bool = False,
+    run: bool = False,
+    answer: bool = False,
+) -> None:
+    """`run` and `session start`: a new session, stepped or driven as asked; `answer`: its
+    answer goes to stdout (`run`)."""
     _advance(
         as_json,
         inline,
         thinking,
         lambda client, spec_query, progress: client.start(
-            *spec_query, step=step, run=run_, wait=wait, timeout=timeout, on_event=progress, on_created=progress.created
+            *spec_query,
+            step=step,
+            run=run,
+            wait=wait,
+            timeout=timeout,
+            on_event=progress,
+            on_created=progress.created,
+            priority=priority,
         ),
         agent_file=agent_file,
-        prompt=(prompt, file, media),
-        warn=step or run_,
+        prompt=prompt,
+        warn=step or run,
+        answer_to_stdout=answer,
     )
 
 
@@ -385,17 +441,25 @@ def session_send(
     wait: WaitOpt = True,
     timeout: TimeoutOpt = None,
     inline: InlineOpt = False,
+    interrupt: Annotated[
+        bool,
+        typer.Option("--interrupt", help="Cancel a model call in flight; the next one takes the message."),
+    ] = False,
 ) -> None:
-    """Send a follow-up message: continue a completed session, or queue it for a waiting or running
-    one (delivered after the pending tool results, before the next model call)."""
-    if step and run_:
-        _fail(InvalidInput("choose --step or --run, not both"), as_json)
+    """Send a follow-up message: a completed session continues, a busy one gets it next.
+
+    A waiting or running session gets it after the pending tool results, before the next model call.
+
+    With --interrupt, a model answer in flight is dropped and asked again with the message.
+
+    The dropped answer's usage is counted; tool calls running go on.
+    """
     _advance(
         as_json,
         inline,
         thinking,
         lambda client, sid_query, progress: client.send(
-            *sid_query, step=step, run=run_, wait=wait, timeout=timeout, on_event=progress
+            *sid_query, step=step, run=run_, interrupt=interrupt, wait=wait, timeout=timeout, on_event=progress
         ),
         session_id=session_id,
         prompt=(prompt, file, media),
@@ -430,13 +494,28 @@ def session_resume(
     timeout: TimeoutOpt = None,
     inline: InlineOpt = False,
     thinking: ThinkingOpt = Thinking.none,
+    grant: Annotated[
+        str | None,
+        typer.Option(
+            "--grant",
+            help="Raise the budget's limits first, e.g. tokens=5000,costUsd=0.5,modelCalls=10,toolCalls=20.",
+        ),
+    ] = None,
 ) -> None:
     """Drive the session until it completes or only outside work remains (a failed one is retried)."""
+    from celery_agents.model.budget import parse_grant
+
+    more = None
+    if grant is not None:
+        try:
+            more = parse_grant(grant)
+        except ValueError as exc:
+            _fail(InvalidInput(f"--grant {grant!r}: {exc}"), as_json)
     _advance(
         as_json,
         inline,
         thinking,
-        lambda client, sid, progress: client.resume(sid, wait=wait, timeout=timeout, on_event=progress),
+        lambda client, sid, progress: client.resume(sid, wait=wait, timeout=timeout, on_event=progress, grant=more),
         session_id=session_id,
     )
 
@@ -467,6 +546,18 @@ def session_pending(
             render_pending(pending)
 
 
+def _print_completion(client: "Client", outcome: "CompletionOutcome", as_json: bool) -> None:
+    """The document of `complete`, `approve` and `reject`, or what became of the call."""
+    from celery_agents.cli.output import emit_json, render_completion
+
+    if as_json:
+        emit_json(outcome.model_dump(mode="json"))
+    else:
+        # A live worker continues a session the completion woke (an approved call runs there too).
+        workers = (outcome.woken or outcome.delegated is not None) and bool(client.live_workers())
+        render_completion(outcome, inline=client.inline, workers=workers)
+
+
 @session_app.command("complete")
 def session_complete(
     token: Annotated[str, typer.Argument(help="The continuation token.", metavar="TOKEN")],
@@ -478,22 +569,79 @@ def session_complete(
     by: Annotated[str | None, typer.Option("--by", help="Who completes it (recorded).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Complete a deferred call with its result (JSON, or text); an auto-driven session then
-    continues by itself. Tokens are listed by `agents session pending`."""
-    from celery_agents.cli.output import emit_json, render_completion
+    """Complete a deferred call with its result (JSON, or text).
+
+    An auto-driven session then continues by itself. Tokens are listed by `agents session pending`.
+    """
     from celery_agents.cli.prompt import check_token_shape, parse_result, read_result
 
     with _command(as_json) as client:
-        check_token_shape(token)
+        check_token_shape(token)  # before a result is read from stdin (Client.complete checks it too)
         raw = read_result(result_file)
         max_bytes = client.settings.max_result_bytes
         value = raw.strip() if error or text else parse_result(raw, max_bytes, result_file)
-        outcome = client.complete(token, value, error=error, by=by)
+        _print_completion(client, client.complete(token, value, error=error, by=by), as_json)
+
+
+@session_app.command("approve")
+def session_approve(
+    token: Annotated[str, typer.Argument(help="The gate's continuation token.", metavar="TOKEN")],
+    arguments: Annotated[
+        str | None,
+        typer.Option(
+            "--arguments",
+            help="Run with these arguments instead (a JSON object in a file, or - for stdin).",
+            metavar="FILE|-",
+        ),
+    ] = None,
+    digest: DigestOpt = None,
+    for_session: Annotated[
+        bool, typer.Option("--for-session", help="Also run later calls of this tool in the session without asking.")
+    ] = False,
+    by: Annotated[str | None, typer.Option("--by", help="Who decides (recorded).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Approve an approval gate: the call runs under its policy's `then`, once.
+
+    Gates are the pending calls whose kind is `approval`.
+    """
+    from celery_agents.cli.prompt import check_token_shape, read_arguments
+
+    with _command(as_json) as client:
+        check_token_shape(token)
+        edited = read_arguments(arguments) if arguments is not None else None
+        outcome = client.approve(token, arguments=edited, digest=digest, for_session=for_session, by=by)
+        _print_completion(client, outcome, as_json)
+
+
+@session_app.command("reject")
+def session_reject(
+    token: Annotated[str, typer.Argument(help="The gate's continuation token.", metavar="TOKEN")],
+    reason: Annotated[str | None, typer.Option("--reason", help="Why (the model is told).")] = None,
+    digest: DigestOpt = None,
+    by: Annotated[str | None, typer.Option("--by", help="Who decides (recorded).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Reject an approval gate: the call never runs; the model is told `rejected: REASON`."""
+    with _command(as_json) as client:
+        _print_completion(client, client.reject(token, reason=reason, digest=digest, by=by), as_json)
+
+
+@session_app.command("extend")
+def session_extend(
+    token: Annotated[str, typer.Argument(help="The deferred call's continuation token.", metavar="TOKEN")],
+    seconds: Annotated[float, typer.Option("--seconds", help="The new deadline: this many seconds from now.")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Move a deferred call's deadline to now + SECONDS (refused once it is decided or expired)."""
+    from celery_agents.cli.output import emit_json, render_pending
+
+    with _command(as_json) as client:
+        pending = client.extend(token, seconds)
         if as_json:
-            emit_json(outcome.model_dump(mode="json"))
+            emit_json(pending.model_dump(mode="json"))
         else:
-            workers = outcome.woken and bool(client.store.live_workers())
-            render_completion(outcome, inline=client.inline, workers=workers)
+            render_pending([pending])
 
 
 @session_app.command("run-isolated")
@@ -540,6 +688,76 @@ def session_list(
             render_list(views)
 
 
+@session_app.command("history")
+def session_history(session_id: SessionArg, as_json: JsonOpt = False) -> None:
+    """List the session's versions, oldest first: what each step did, the turns and state it left, when."""
+    from celery_agents.cli.output import emit_json, render_history
+
+    with _command(as_json) as client:
+        versions = client.history(session_id)
+        if as_json:
+            emit_json({"versions": [v.model_dump(mode="json") for v in versions]})
+        else:
+            render_history(versions)
+
+
+@session_app.command("fork")
+def session_fork(
+    session_id: SessionArg,
+    at: Annotated[int | None, typer.Option("--at", help="The version to fork at (default: the latest).", min=1)] = None,
+    agent_file: Annotated[
+        Path | None, typer.Option("--agent-file", "-a", help="Bind the fork to this agent file instead.")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Make a new session whose transcript is this one's at a version; this one does not change.
+
+    Deferred calls copied unfinished get tokens of the fork's; the origin's tokens stay the origin's.
+    """
+    with _command(as_json) as client:
+        spec = _load_agent(client, agent_file) if agent_file is not None else None
+        _print_view(client.fork(session_id, at=at, agent=spec), as_json)
+
+
+@session_app.command("rerun")
+def session_rerun(
+    session_id: SessionArg,
+    from_version: Annotated[int, typer.Option("--from", help="The version to rerun from.", min=1)],
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print what would run and what would be reused; change nothing.")
+    ] = False,
+    fresh: Annotated[bool, typer.Option("--fresh", help="Run every tool call again, reusing nothing.")] = False,
+    as_json: JsonOpt = False,
+    wait: WaitOpt = True,
+    timeout: TimeoutOpt = None,
+    inline: InlineOpt = False,
+    thinking: ThinkingOpt = Thinking.none,
+) -> None:
+    """Fork at a version and drive the fork.
+
+    A call the origin ran after that version, same tool and arguments, reuses its result (not with --fresh).
+    """
+    if dry_run:
+        from celery_agents.cli.output import emit_json, render_plan
+
+        with _command(as_json, inline) as client:
+            plan = client.rerun_plan(session_id, from_version=from_version, fresh=fresh)
+            if as_json:
+                emit_json(plan)
+            else:
+                render_plan(plan)
+        return
+    _advance(
+        as_json,
+        inline,
+        thinking,
+        lambda client, sid, progress: client.rerun(
+            sid, from_version=from_version, fresh=fresh, wait=wait, timeout=timeout, on_event=progress
+        ),
+        session_id=session_id,
+    )
+
+
 @session_app.command("cancel")
 def session_cancel(session_id: SessionArg, as_json: JsonOpt = False) -> None:
     """Stop a session for good: unfinished calls cancelled, their tokens refused from now on."""
@@ -555,8 +773,10 @@ def session_logs(
     ] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Print the session's events, one per line: time and what happened (with --json, one JSON
-    document per event, one per line). --follow keeps printing until the session ends."""
+    """Print the session's events, one per line: time and what happened.
+
+    With --json, one JSON document per event, one per line; --follow keeps printing until the session ends.
+    """
     import json
 
     from celery_agents.cli.output import event_line
@@ -643,8 +863,10 @@ def worker(
 ) -> None:
     """Run the workers for steps and tool calls (on the embedded Redis when AGENTS_REDIS_URL is unset).
 
-    Steps wait on the model in threads (--step-threads per process, --step-processes processes);
-    tool calls run in a prefork pool of --concurrency processes. One process supervises them all."""
+    Steps wait on the model in threads (--step-threads per process, --step-processes processes).
+
+    Tool calls run in a prefork pool of --concurrency processes; one process supervises them all.
+    """
     import os
     import socket
 
@@ -655,10 +877,9 @@ def worker(
     unknown = [q for q in wanted if q not in QUEUES]
     if unknown or not wanted:
         _fail(InvalidInput(f"unknown queue(s): {', '.join(unknown) or '(none given)'}; use {', '.join(QUEUES)}"), False)
-    from celery_agents.config import Settings
     from celery_agents.observe.logs import configure_root
 
-    configure_root(Settings.from_env().log_format == "json", loglevel)
+    configure_root(_settings(False).log_format == "json", loglevel)
     plan = WorkerPlan(
         queues=wanted,
         name=name or f"agents-{os.getpid()}@{socket.gethostname()}",
@@ -682,9 +903,13 @@ def mcp_server(
         float, typer.Option("--wait", help="How long start_session waits for a session to settle (seconds).", min=0)
     ] = 120.0,
 ) -> None:
-    """Serve celery-agents as an MCP server on stdio: start_session, session_status, pending, complete."""
+    """Serve celery-agents as an MCP server on stdio.
+
+    Its tools: start_session, session_status, pending, complete, approve, reject.
+    """
     from celery_agents.mcp_server import serve_stdio
 
+    _settings(False)  # refused here, before the server starts
     try:
         serve_stdio(wait)
     except AgentsError as exc:
@@ -694,15 +919,17 @@ def mcp_server(
 @app.command()
 def serve(
     host: Annotated[
-        str, typer.Option("--host", help="Address to listen on (not loopback: AGENTS_API_TOKEN needed).")
+        str, typer.Option("--host", help="Address to listen on (not loopback: an AGENTS_API_TOKEN of 32+ characters).")
     ] = ("127.0.0.1"),
     port: Annotated[int, typer.Option("--port", help="Port to listen on.", min=0, max=65535)] = 8765,
     loglevel: Annotated[str, typer.Option("--loglevel", "-l", help="Log level.")] = "info",
 ) -> None:
     """Serve the HTTP API (/v1, OpenAPI at /docs), the approvals page (/) and /metrics.
 
-    With AGENTS_API_TOKEN set every request needs `Authorization: Bearer <token>` (the page asks
-    for it once); without it only a loopback address is served."""
+    With AGENTS_API_TOKEN set, every request needs `Authorization: Bearer <token>` (the page asks once).
+
+    Without it, only a loopback address is served. X-Forwarded-For is believed from AGENTS_TRUSTED_PROXIES only.
+    """
     from celery_agents.config import Settings
     from celery_agents.web.security import check_bind
 
@@ -711,21 +938,75 @@ def serve(
         check_bind(host, settings.api_token)
     except AgentsError as exc:
         _fail(exc, False)
+    except ValueError as exc:  # a variable that does not parse, named in the message
+        _fail(InvalidInput(str(exc)), False)
     import uvicorn
 
     from celery_agents.web.app import create_app
 
     sys.stderr.write(f"serving http://{host}:{port}/ (API at /v1, docs at /docs)\n")
-    uvicorn.run(create_app(settings), host=host, port=port, log_level=loglevel.lower())
+    # No proxy headers in uvicorn: the app takes X-Forwarded-For from AGENTS_TRUSTED_PROXIES only.
+    uvicorn.run(create_app(settings), host=host, port=port, log_level=loglevel.lower(), proxy_headers=False)
+
+
+@limits_app.command("set")
+def limits_set(
+    key: LimitKeyArg,
+    rpm: Annotated[int | None, typer.Option("--rpm", help="Model calls started per minute.")] = None,
+    tpm: Annotated[int | None, typer.Option("--tpm", help="Tokens per minute (estimated, then corrected).")] = None,
+    concurrency: Annotated[int | None, typer.Option("--concurrency", help="Model calls in flight at once.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Limit the whole fleet's model calls under KEY (the kinds given; the others unlimited)."""
+    from celery_agents.cli.output import emit_json, render_limit
+
+    with _command(as_json) as client:
+        usage = client.set_limit(key, rpm=rpm, tpm=tpm, concurrency=concurrency)
+        if as_json:
+            emit_json(usage.to_json())
+        else:
+            render_limit(usage)
+
+
+@limits_app.command("list")
+def limits_list(as_json: JsonOpt = False) -> None:
+    """List the limits with this minute's use, calls in flight and waiting; and paused models."""
+    from celery_agents.cli.output import emit_json, render_limits
+    from celery_agents.model.admission import limits_json
+
+    with _command(as_json) as client:
+        usages, pauses = client.limits()
+        if as_json:
+            emit_json(limits_json(usages, pauses))
+        else:
+            render_limits(usages, pauses)
+
+
+@limits_app.command("delete")
+def limits_delete(key: LimitKeyArg, as_json: JsonOpt = False) -> None:
+    """Remove KEY's limits; calls waiting for them go on at once."""
+    from celery_agents.cli.output import emit_json, err
+
+    with _command(as_json) as client:
+        client.delete_limit(key)
+        if as_json:
+            emit_json({"key": key, "deleted": True})
+        else:
+            err.print(f"deleted the limits of {key}")
 
 
 @app.command()
-def doctor(as_json: JsonOpt = False) -> None:
+def doctor(
+    as_json: JsonOpt = False,
+    ack_rewound: Annotated[
+        bool, typer.Option("--ack-rewound", help="Acknowledge the rewound sessions listed now: no longer an error.")
+    ] = False,
+) -> None:
     """Check Redis, persistence settings, workers, queues, owed steps and rejected completions."""
-    from celery_agents.cli.doctor import diagnose, render
+    from celery_agents.cli.doctor import render
 
     with _command(as_json) as client:
-        report = diagnose(client)
+        report = client.doctor(ack_rewound=ack_rewound)
         if as_json:
             from celery_agents.cli.output import emit_json
 

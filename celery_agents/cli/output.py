@@ -6,13 +6,15 @@ cannot move the cursor, clear the screen or retitle the window."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
 import sys
 import time
 from typing import TYPE_CHECKING, Any, cast
 
-from celery_agents.model import CompletionOutcome, EventType, PendingCall, SessionView
+from celery_agents.model import CompletionOutcome, EventType, PendingCall, SessionView, VersionEntry
+from celery_agents.model.admission import DEFAULT_PRIORITY, LimitUsage, Pause
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -109,7 +111,17 @@ def render_pending(pending: list[PendingCall], console: Console | None = None) -
         console.print(f"  session {p.session_id}  call {escape(p.call_id)}")
         if p.token:
             console.print(f"  token   [bold]{p.token}[/]  (expires {_when(p.expires_at)})")
-            console.print(f"  complete it: agents session complete {p.token} RESULT_FILE")
+            if p.kind == "approval":
+                console.print(f"  a gate: approved, it runs {p.then}  digest {p.digest}")
+                console.print(f"  decide: agents session approve {p.token} --digest {p.digest}")
+                console.print(f"      or: agents session reject {p.token} --digest {p.digest} --reason TEXT")
+            else:
+                console.print(f"  complete it: agents session complete {p.token} RESULT_FILE")
+
+
+def _spend_text(view: SessionView) -> str:
+    """What the session spent (its sub-agents included), each against its limit where it has one."""
+    return "  ".join(f"{kind} {text}" for kind, text, _ in view.spend_rows())
 
 
 def render_view(view: SessionView, console: Console | None = None, answer: bool = True) -> None:
@@ -124,9 +136,24 @@ def render_view(view: SessionView, console: Console | None = None, answer: bool 
         console.print(f"  children {' '.join(view.children)}")
     if view.pending:
         render_pending(view.pending, console)
+    if view.budget is not None or not view.spent.nothing:
+        console.print(f"  spent {_spend_text(view)}")
+    if view.throttled_until:
+        console.print(
+            f"  throttled until {view.throttled_until}: a fleet limit holds its model call (agents limits list), "
+            "or a budget above it its next call while sub-agents spend it at once"
+        )
+    if view.priority != DEFAULT_PRIORITY:
+        console.print(f"  priority {view.priority}")
+    if view.queued:
+        console.print(f"  queued for the next model call: {len(view.queued)} message(s)")
+        for q in view.queued:
+            media = f" [dim](+{q.media} attachments)[/]" if q.media else ""
+            console.print(f"    • {escape(_short(q.text, 120))}{media}")
     if view.error:
         console.print(f"[red]error ({view.error.code}):[/] {escape(view.error.message)}")
-        console.print(f"  fix the cause, then: agents session resume {view.session_id}")
+        if view.error.code != "budget_exceeded":  # its message says how to go on
+            console.print(f"  fix the cause, then: agents session resume {view.session_id}")
     if answer and view.response is not None and view.state.value == "completed":
         console.print(f"[green]answer:[/] {escape(view.response)}")
     elif view.state.owes_step and view.drive == "manual":
@@ -208,6 +235,34 @@ def render_list(views: list[SessionView], console: Console | None = None) -> Non
     console.print(table)
 
 
+def render_history(versions: list[VersionEntry], console: Console | None = None) -> None:
+    console = _console(console)
+    if not versions:
+        err_console().print("no versions recorded")
+        return
+    from rich.table import Table
+
+    table = Table(show_header=True, header_style="bold", box=None)
+    for col in ("version", "turns", "state", "when"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("what it did", overflow="fold")
+    for v in versions:
+        table.add_row(str(v.version), str(v.turns), state_text(v.state), _when(v.at), escape(v.summary))
+    console.print(table)
+
+
+def render_plan(plan: dict[str, list[dict[str, Any]]], console: Console | None = None) -> None:
+    """What a rerun would do with the calls recorded at its version (`rerun --dry-run`)."""
+    console = _console(console)
+    rows = [("would run", r) for r in plan["would_run"]] + [("reused", r) for r in plan["reused"]]
+    if not rows:
+        console.print("no tool calls recorded at that version: a rerun begins with the model")
+        return
+    for what, r in rows:
+        args = json.dumps(r["arguments"], ensure_ascii=False)
+        console.print(f"{what:<9}  {escape(r['tool'])}({escape(_short(args))})  {r['disposition']}")
+
+
 def err_console() -> Console:
     """The console for progress and diagnostics (stderr)."""
     return cast("Console", __getattr__("err"))
@@ -219,8 +274,10 @@ def render_completion(
     """`workers`: a live worker takes the step a woken session is owed; `inline`: this command's
     mode (no worker expected: nothing runs the session until a command drives it)."""
     console = _console(console)
+    done = {"approved": "approved: it runs now", "edited": "approved with the edited arguments: it runs now"}
     console.print(
-        f"accepted: call {escape(outcome.call_id)} of session {outcome.session_id} is complete; "
+        f"accepted: call {escape(outcome.call_id)} of session {outcome.session_id} "
+        f"{done.get(outcome.decision or '', outcome.decision or 'is complete')}; "
         f"{outcome.remaining} call(s) still unfinished"
     )
     if outcome.woken and workers:
@@ -256,6 +313,16 @@ def event_text(e: dict[str, Any]) -> str | None:
         asked = f"asked for {n} tool call{'s' if n != 1 else ''}" if n else "answered"
         # Emitted by the commit, which already carries the step's new version.
         return f"step {max(int(version) - 1, 1)}: the model {asked}{used}"
+    if kind in (EventType.TEXT_DELTA, EventType.REASONING_DELTA):
+        # One line per event: the text's own line breaks are written out.
+        piece = printable(str(e.get("text", ""))).replace("\n", "\\n")
+        return f"the model {'writes' if kind == EventType.TEXT_DELTA else 'thinks'}: {piece}"
+    if kind == EventType.MODEL_INTERRUPTED:
+        tokens = (e.get("usage") or {}).get("total_tokens")
+        used = f", {tokens} tokens" if tokens else ""
+        dropped = int(e.get("dropped_chars") or 0)
+        step = max(int(version) - 1, 1)
+        return f"step {step}: the model was interrupted by a new message ({dropped} characters dropped{used})"
     if kind == EventType.TOOL_DISPATCHED:
         return f"{tool} running ({e.get('disposition', '')})"
     if kind == EventType.TOOL_FINISHED:
@@ -295,3 +362,27 @@ def event_line(e: dict[str, Any]) -> str:
 
 
 _HIDDEN = {"id", "type", "at", "version"}
+
+
+def render_limits(usages: list[LimitUsage], pauses: list[Pause]) -> None:
+    """`limits list`: one line per KEY (its limits, this minute's use, calls in flight and waiting),
+    then the models paused now."""
+    if not usages and not pauses:
+        __getattr__("err").print("no limits are set (agents limits set KEY --rpm N ...)")
+        return
+    for u in usages:
+        render_limit(u)
+    for p in pauses:
+        until = datetime.datetime.fromtimestamp(p.until, tz=datetime.UTC).isoformat(timespec="seconds")
+        _console(None).print(f"{escape(p.model)}  paused until {until} (a 429 with Retry-After)")
+
+
+def render_limit(u: LimitUsage) -> None:
+    limit = u.limit
+    kinds = [f"{k} {v}" for k, v in (("rpm", limit.rpm), ("tpm", limit.tpm), ("concurrency", limit.concurrency)) if v]
+    use = f"this minute {u.requests_this_minute} calls, {u.tokens_this_minute} tokens"
+    if limit.concurrency:
+        use += f"; in flight {u.in_flight}, waiting {u.waiting}"
+    if u.booked_seconds:
+        use += f"; next start in {u.booked_seconds:.1f} s"
+    _console(None).print(f"{escape(u.key)}  {', '.join(kinds)}  ({use})")

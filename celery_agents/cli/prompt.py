@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import base64
+import json
 import mimetypes
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
-from celery_agents.errors import InvalidInput, InvalidResult, UnknownToken
+from celery_agents.client import check_token_shape as check_token_shape  # the commands' import
+from celery_agents.errors import InvalidInput, InvalidResult
 from celery_agents.model import Media, UserQuery
 
 _FLAGS = {"-p": "prompt", "--prompt": "prompt", "--file": "file", "-f": "file", "--media": "media", "-m": "media"}
@@ -86,16 +89,6 @@ def read_media(path: str, max_bytes: int) -> Media:
     )
 
 
-def check_token_shape(token: str) -> None:
-    """A session id (or a file name) where a token belongs gets a hint, not just "unknown"."""
-    if "." not in token.strip() and re.fullmatch(r"[A-Za-z0-9_-]{1,64}", token.strip()):
-        raise UnknownToken(
-            f"{token[:80]!r} is not a token (a token is <session id>.<secret>); "
-            f"`agents session pending {token[:80]}` lists the session's tokens",
-            token=token,
-        )
-
-
 def read_result(source: str) -> str:
     """The text of a result file, or of stdin for `-`; an empty result is refused."""
     if source == "-":
@@ -117,6 +110,24 @@ def read_result(source: str) -> str:
     if not raw.strip():
         raise InvalidResult(f"{'stdin' if source == '-' else source}: the result is empty; give JSON or text")
     return raw
+
+
+def read_arguments(source: str) -> dict[str, Any]:
+    """Edited arguments for `approve --arguments`: a JSON object in a file, or on stdin for `-`."""
+    from celery_agents.errors import InvalidArguments
+    from celery_agents.model.limits import UnusableJson, load_json
+
+    try:
+        raw = read_result(source)
+    except InvalidResult as exc:
+        raise InvalidArguments(exc.message.replace("result", "arguments")) from None
+    try:
+        value = load_json(raw)
+    except (json.JSONDecodeError, UnusableJson) as exc:
+        raise InvalidArguments(f"{'stdin' if source == '-' else source}: the arguments are not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise InvalidArguments(f"{'stdin' if source == '-' else source}: the arguments are a JSON object ({{...}})")
+    return value
 
 
 def parse_result(raw: str, max_bytes: int, source: str = "-") -> object:

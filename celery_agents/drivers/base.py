@@ -7,7 +7,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from celery_agents.config import Settings
-from celery_agents.model import TrackedCall
+from celery_agents.model import Lane, TrackedCall
+from celery_agents.model.admission import DEFAULT_PRIORITY
 from celery_agents.store import Finished, Store
 
 if TYPE_CHECKING:
@@ -29,6 +30,7 @@ class StepDriver(Protocol):
         wait: bool,
         timeout: float | None,
         on_event: EventHook | None,
+        priority: int = DEFAULT_PRIORITY,
     ) -> None:
         """Run exactly one step of `session_id` at `version`; events after `after` go to `on_event`."""
 
@@ -42,11 +44,12 @@ class StepDriver(Protocol):
         wait: bool,
         timeout: float | None,
         on_event: EventHook | None,
+        priority: int = DEFAULT_PRIORITY,
     ) -> None:
         """Advance a session in auto drive until it completes, fails, or only external work remains
         (`publish`: its next step is owed and nothing has asked for it yet)."""
 
-    def wake(self, session_id: str, version: int) -> None:
+    def wake(self, session_id: str, version: int, priority: int = DEFAULT_PRIORITY) -> None:
         """A call's outcome (a completion, an expiry, a finished call) says the session must go on."""
 
     def calls_ran(self, session_id: str, finished: list[Finished]) -> None:
@@ -78,16 +81,19 @@ class Publisher:
             self._dispatcher = Dispatcher(make_app(self._settings, main="celery_agents_client"))
         return self._dispatcher
 
-    def step(self, session_id: str, version: int, request: str) -> None:
-        self.dispatcher.step(session_id, version, request)
+    def step(self, session_id: str, version: int, request: str, priority: int = DEFAULT_PRIORITY) -> None:
+        self.dispatcher.step(session_id, version, request, priority=priority)
 
 
 class LocalRunners:
     """The model and tool ports of this process, made on first use (litellm is imported only when a
     step runs here): `tools` for runSync/runAsync calls, `isolated` for runIsolated ones."""
 
-    def __init__(self, llm: LlmPort | None = None, tools: ToolPort | None = None) -> None:
+    def __init__(
+        self, llm: LlmPort | None = None, tools: ToolPort | None = None, tool_env: tuple[str, ...] = ()
+    ) -> None:
         self._llm, self._tools = llm, tools
+        self._tool_env = tool_env
         self._isolated: ToolPort | None = None
 
     @property
@@ -103,7 +109,7 @@ class LocalRunners:
         if self._tools is None:
             from celery_agents.tools import ToolRunner
 
-            self._tools = ToolRunner()
+            self._tools = ToolRunner(tool_env=self._tool_env)
         return self._tools
 
     @property
@@ -114,8 +120,14 @@ class LocalRunners:
             self._isolated = ToolRunner(isolated=True)
         return self._isolated
 
-    def for_disposition(self, disposition: str) -> ToolPort:
-        return self.isolated if disposition == "runIsolated" else self.tools
+    def for_lane(self, lane: Lane) -> ToolPort:
+        return self.isolated if lane == "runIsolated" else self.tools
+
+
+def lane_of(disposition: str) -> Lane:
+    """The lane a dispatched call's record asks for (the tools lane for an approved delegation);
+    `run_call` refuses it there unless the signed spec's policy agrees."""
+    return "runIsolated" if disposition == "runIsolated" else "runAsync"
 
 
 def replay(store: Store, session_id: str, after: str, on_event: EventHook | None) -> str:

@@ -12,7 +12,9 @@ from typing import Any
 from celery_agents.drivers.base import EventHook, Publisher, replay
 from celery_agents.errors import WaitTimeout
 from celery_agents.model import CallState, EventType, Status, TrackedCall
+from celery_agents.model.admission import DEFAULT_PRIORITY
 from celery_agents.store import Finished, Store
+from celery_agents.store.views import WATCH_RENEW_S
 
 Done = Callable[[dict[str, Any] | None], bool]
 
@@ -47,9 +49,12 @@ class CeleryDriver:
         wait: bool,
         timeout: float | None,
         on_event: EventHook | None,
+        priority: int = DEFAULT_PRIORITY,
     ) -> None:
         request = uuid.uuid4().hex
-        self.publisher.step(session_id, version, request)
+        if wait and on_event is not None:
+            self.store.watch(session_id)  # before the step can begin: its model call streams
+        self.publisher.step(session_id, version, request, priority)
         if wait:
             self._wait(session_id, after, timeout, on_event, lambda e: step_done(e, version, request))
 
@@ -63,19 +68,22 @@ class CeleryDriver:
         wait: bool,
         timeout: float | None,
         on_event: EventHook | None,
+        priority: int = DEFAULT_PRIORITY,
     ) -> None:
+        if wait and on_event is not None:
+            self.store.watch(session_id)
         if publish:
-            self.publisher.step(session_id, version, "drive")
+            self.publisher.step(session_id, version, "drive", priority)
         if wait:
-            self._wait(session_id, after, timeout, on_event, lambda e: settled(self.store, session_id, e))
+            self._wait(session_id, after, timeout, on_event, lambda e: settled(self.store, session_id, e), drain=True)
 
-    def wake(self, session_id: str, version: int) -> None:
-        self.publisher.step(session_id, version, "wake")
+    def wake(self, session_id: str, version: int, priority: int = DEFAULT_PRIORITY) -> None:
+        self.publisher.step(session_id, version, "wake", priority)
 
     def calls_ran(self, session_id: str, finished: list[Finished]) -> None:
         for f in finished:
             if f.woken:
-                self.wake(session_id, f.version)
+                self.wake(session_id, f.version, f.priority)
 
     def dispatched(self, session_id: str, call: TrackedCall) -> None:
         self.publisher.dispatcher.call(session_id, call)
@@ -87,21 +95,41 @@ class CeleryDriver:
         """The workers go on with the session."""
         return False
 
-    def _wait(self, session_id: str, after: str, timeout: float | None, on_event: EventHook | None, done: Done) -> None:
+    def _wait(
+        self,
+        session_id: str,
+        after: str,
+        timeout: float | None,
+        on_event: EventHook | None,
+        done: Done,
+        *,
+        drain: bool = False,
+    ) -> None:
+        """Hand events to `on_event` until `done`. `drain`: `done` looked at the header, which can
+        be ahead of the events read so far (the session completed while a tool's event was being
+        handled): the events that led there are handed too, so none of them goes unseen."""
         store = self.store
         deadline = None if timeout is None else time.monotonic() + timeout
+        watched = time.monotonic()
         if done(None):
             replay(store, session_id, after, on_event)
             return
         while True:
+            if on_event is not None and time.monotonic() - watched > WATCH_RENEW_S:
+                store.watch(session_id)  # someone hears the events: the session's model calls stream
+                watched = time.monotonic()
             events = store.read_events(session_id, after, block_ms=_block_ms(session_id, deadline, timeout))
             for e in events:
                 after = e["id"]
                 if on_event is not None:
                     on_event(e)
                 if done(e):
+                    if drain:
+                        replay(store, session_id, after, on_event)
                     return
             if not events and done(None):
+                if drain:
+                    replay(store, session_id, after, on_event)
                 return
 
 
@@ -136,11 +164,11 @@ def settled(store: Store, session_id: str, event: dict[str, Any] | None) -> bool
         # Its last call finished after the header was read: the session has moved on (in auto
         # drive a step follows), so look again at the next event or tick.
         return False
-    if any(c.meta.get("child") for c in pending):
+    if any(c.meta.child for c in pending):
         # Waiting on child sessions: settled when only people's work is left in the tree (a call
         # waiting on a child stands for what the child waits on).
         pending = store.tree_pending_calls(session_id)
-        pending = [c for c in pending if c.state == CallState.DEFERRED or not c.meta.get("child")]
+        pending = [c for c in pending if c.state == CallState.DEFERRED or not c.meta.child]
     return bool(pending) and all(c.state == CallState.DEFERRED for c in pending)
 
 

@@ -2,7 +2,8 @@
 
 It answers a weather question by calling the demo tools it is offered (`get_weather`,
 `get_forecast`, and `book_table` when asked to book), then writes its answer from their results.
-With no tools it answers at once, which makes it the benchmark's instant model.
+With no tools it answers at once, which makes it the benchmark's instant model; asked to "count to
+N" (N up to 2000) it counts, an answer of about N tokens (the benchmark's long answer).
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ PROVIDER = "demo"
 _CITY = re.compile(r"\b(?:in|at|for)\s+([A-Z][\w\u00C0-\u017F'-]*(?:\s+[A-Z][\w\u00C0-\u017F'-]*)*)")
 _WEATHER = re.compile(r"weather|forecast|temperature|rain|sunny|umbrella|cold|warm", re.IGNORECASE)
 _BOOK = re.compile(r"\b(book|reserve|table)\b", re.IGNORECASE)
+_COUNT = re.compile(r"\bcount to (\d{1,4})\b", re.IGNORECASE)
+#: the longest count the demo model writes out
+COUNT_LIMIT = 2000
 
 
 def _text_of(content: Any) -> str:
@@ -83,7 +87,10 @@ def demo_reply(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | Non
             ],
             "usage": (prompt_tokens, 12 * len(calls)),
         }
-    if _WEATHER.search(query):
+    counted = _COUNT.search(query)
+    if counted and 0 < int(counted.group(1)) <= COUNT_LIMIT:
+        text = " ".join(str(i) for i in range(1, int(counted.group(1)) + 1)) + "."
+    elif _WEATHER.search(query):
         text = "I can look up the weather when you name a city, for example: What is the weather in Paris?"
     else:
         text = f"(offline demo model) You said: {query.strip()[:500]}"
@@ -119,76 +126,3 @@ def _calls_for(query: str, city: str | None, offered: set[str]) -> list[dict[str
         arguments = {"city": city or "Paris", "when": "tomorrow 12:30", "seats": 2, "terrace": True}
         calls.append({"name": "book_table", "arguments": arguments})
     return calls
-
-
-_priced: set[str] = set()
-
-
-def register_demo_model(litellm: Any, model: str) -> None:
-    """Price a `demo/...` model at zero, once: its cost is then known (0) and looked up directly."""
-    if model not in _priced:
-        litellm.register_model(
-            {
-                model: {
-                    "input_cost_per_token": 0.0,
-                    "output_cost_per_token": 0.0,
-                    "litellm_provider": PROVIDER,
-                    "mode": "chat",
-                }
-            }
-        )
-        _priced.add(model)
-
-
-def register_demo_provider(litellm: Any) -> None:
-    """Register the `demo/` provider with litellm (idempotent)."""
-    if any(p.get("provider") == PROVIDER for p in litellm.custom_provider_map):
-        return
-    from litellm.llms.custom_llm import CustomLLM
-    from litellm.types.utils import ChatCompletionMessageToolCall, Choices, Function, Message, Usage
-
-    def fill(model: str, messages: list[dict[str, Any]], optional_params: dict[str, Any], model_response: Any) -> Any:
-        reply = demo_reply(messages, optional_params.get("tools"))
-        tool_calls = [
-            ChatCompletionMessageToolCall(
-                id=c["id"], type="function", function=Function(name=c["name"], arguments=c["arguments"])
-            )
-            for c in reply["tool_calls"]
-        ] or None
-        msg = Message(
-            content=reply["content"], role="assistant", tool_calls=tool_calls, reasoning_content=reply["reasoning"]
-        )
-        model_response.choices = [Choices(index=0, message=msg, finish_reason="tool_calls" if tool_calls else "stop")]
-        p, c = reply["usage"]
-        model_response.usage = Usage(prompt_tokens=p, completion_tokens=c, total_tokens=p + c)
-        model_response.model = f"{PROVIDER}/{model}"
-        # The provider states its own price (nothing): litellm then takes this cost as computed
-        # instead of looking the model up in its cost map on every call (~15 % of the call's CPU).
-        model_response._hidden_params["response_cost"] = 0.0
-        return model_response
-
-    class DemoLLM(CustomLLM):
-        def completion(
-            self,
-            model: str,
-            messages: list[dict[str, Any]],
-            api_base: str,
-            custom_prompt_dict: Any,
-            model_response: Any,
-            print_verbose: Any,
-            encoding: Any,
-            api_key: Any,
-            logging_obj: Any,
-            optional_params: dict[str, Any],
-            *args: Any,
-            **kwargs: Any,
-        ) -> Any:
-            return fill(model, messages, optional_params, model_response)
-
-        async def acompletion(self, *args: Any, **kwargs: Any) -> Any:
-            return self.completion(*args, **kwargs)
-
-    litellm.custom_provider_map = [*litellm.custom_provider_map, {"provider": PROVIDER, "custom_handler": DemoLLM()}]
-    from litellm.utils import custom_llm_setup
-
-    custom_llm_setup()  # type: ignore[no-untyped-call]  # litellm leaves it unannotated

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 
@@ -34,9 +35,10 @@ _BY_CLASS: tuple[tuple[str, str, bool], ...] = (
 
 
 def _retry_after(exc: BaseException) -> float | None:
-    response = getattr(exc, "response", None)
-    headers = getattr(response, "headers", None)
-    if not headers:
+    # The OpenAI SDK's errors carry the reply's headers on their response; litellm's own HTTP
+    # handler's, as `litellm_response_headers` only.
+    headers = getattr(getattr(exc, "response", None), "headers", None) or getattr(exc, "litellm_response_headers", None)
+    if not headers or not hasattr(headers, "get"):
         return None
     raw = headers.get("retry-after") or headers.get("Retry-After")
     if raw is None:
@@ -47,10 +49,34 @@ def _retry_after(exc: BaseException) -> float | None:
         return None
 
 
+#: what litellm puts before an OpenAI-compatible server's error
+_PROVIDER_SAID = "OpenAIException - "
+
+
+def provider_message(message: str, status: object) -> str:
+    """An OpenAI-compatible server's error as the OpenAI SDK words it: litellm's own HTTP handler
+    quotes the reply's JSON body whole, the SDK gives its `error.message` (or its top-level
+    `message`), else `Error code: <status>`. So a failure reads the same on both routes
+    (`llm/adapter.py`, `HTTP_ROUTE_VARIABLE`); the SDK never leaves JSON there, so its own wording
+    passes unchanged."""
+    head, said, body = message.partition(_PROVIDER_SAID)
+    if not said or not body.startswith("{"):
+        return message
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return message
+    if not isinstance(data, dict):
+        return message
+    inner = data.get("error", data)
+    text = inner.get("message") if isinstance(inner, dict) else None
+    return head + said + (text if isinstance(text, str) and text else f"Error code: {status}")
+
+
 def classify(exc: BaseException) -> Classified:
     """Name a failure of `litellm.completion` and say whether retrying later may help."""
     names = {cls.__name__ for cls in type(exc).__mro__}
-    message = str(exc).strip() or type(exc).__name__
+    message = provider_message(str(exc).strip(), getattr(exc, "status_code", None)) or type(exc).__name__
     for cls_name, code, transient in _BY_CLASS:
         if cls_name in names:
             return Classified(code, transient, message, _retry_after(exc))

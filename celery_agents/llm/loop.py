@@ -8,7 +8,7 @@ the calls themselves: 2,000 calls of a local server, 200 at a time from 200 thre
 CPU each against 4.0 ms one at a time. Here each call is a coroutine (`litellm.acompletion`) on
 the process's one loop and the step's thread only waits on its future, which costs nothing while
 it waits: the same 2,000 calls took 4.4 ms each, and the whole steps process about half the CPU
-per step (docs/performance.md, "Model calls on one event loop").
+per step (docs/performance.md, "What bounds them").
 
 The loop is made on first use by the process that uses it: a forked child (a steps process forked
 from the zygote) never inherits one, it makes its own. The loop's thread is a daemon, so a process
@@ -67,10 +67,9 @@ def wait_on_loop(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> 
     `timeout` seconds (then `TimeoutError`). A wait that ends without a result (timed out, or
     interrupted: Ctrl-C of a step run by the CLI) cancels the coroutine, which is not left running;
     the future exists before the coroutine is handed over, so no moment of an interrupt escapes."""
-    loop = model_loop()
     done: concurrent.futures.Future[T] = concurrent.futures.Future()
     try:
-        loop.call_soon_threadsafe(_start, loop, coro, done)
+        start_on_loop(model_loop(), coro, done)
         return done.result(timeout)
     except concurrent.futures.TimeoutError:
         done.cancel()
@@ -78,6 +77,13 @@ def wait_on_loop(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> 
     except BaseException:
         done.cancel()
         raise
+
+
+def start_on_loop(
+    loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T], done: concurrent.futures.Future[T]
+) -> None:
+    """Hand `coro` to `loop`, its outcome to settle `done` (cancelling `done` cancels it)."""
+    loop.call_soon_threadsafe(_start, loop, coro, done)
 
 
 def _start(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T], done: concurrent.futures.Future[T]) -> None:

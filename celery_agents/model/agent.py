@@ -1,15 +1,16 @@
 """The agent file: model, tools and per-tool policy, as pydantic models.
 
-Field names are the agent file's own (camelCase). `load_agent_file` refuses an unusable file
-before anything is stored, with a message naming the file, the field and the fix.
+Field names are the agent file's own (camelCase). Reading a file into them is
+`model.agent_file`; finding the tools it leaves to be found (toolboxes, MCP servers, python
+signatures) is `celery_agents.tools.resolve`.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import (
@@ -17,18 +18,21 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
-    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
 )
 
-from celery_agents.errors import InvalidAgentFile
-from celery_agents.model.limits import UnusableJson, check_depth, load_json
+from celery_agents.model.admission import PRIORITY_MAX, PRIORITY_MIN, check_limit_key
+from celery_agents.model.budget import Budget, Pricing
 from celery_agents.model.mcp import McpServer, McpToolRef, normalise_servers
 
 DispositionTag = Literal["runSync", "runAsync", "runIsolated", "defer"]
+#: where a dispatched call runs: a tools-queue worker, or the isolated queue's sandbox
+Lane = Literal["runAsync", "runIsolated"]
 DISPOSITION_TAGS: tuple[str, ...] = ("runSync", "runAsync", "runIsolated", "defer")
+#: what implements a tool: each but `external` has its source in `celery_agents.tools.sources`
+ToolKind = Literal["command", "python", "script", "mcp", "external"]
 
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 #: model parameters that would choose the endpoint or the key behind `apiBase`/`apiKeyEnv`'s back
@@ -88,6 +92,9 @@ class Disposition(_Spec):
     limits: Limits | None = None
     #: runIsolated: whether the run keeps the network (None: the tool's `network`, cut by default)
     network: bool | None = None
+    #: defer only: an approval gate. Approved, the call runs under this disposition (with its own
+    #: decorators); rejected or expired, it never runs. None: the person supplies the result.
+    then: Disposition | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -96,6 +103,24 @@ class Disposition(_Spec):
             return {"tag": value}
         return value
 
+    @model_validator(mode="after")
+    def _then_of_defer_only(self) -> Disposition:
+        if self.then is not None:
+            if self.tag != "defer":
+                raise ValueError(f'"then" belongs to a defer disposition (an approval gate), not to {self.tag}')
+            if self.then.tag == "defer" or self.then.then is not None:
+                raise ValueError('"then" is runSync, runAsync or runIsolated: what runs once a person approves')
+        return self
+
+    @property
+    def gate(self) -> bool:
+        """An approval gate: deferred until a person decides, then run under `then`."""
+        return self.then is not None
+
+    def applied(self) -> Disposition:
+        """The disposition a call runs under: `then` for an approved gate, else this one."""
+        return self.then if self.then is not None else self
+
 
 class PolicyRule(_Spec):
     """Calls of the tool named `tool` get `disposition`; a `tool` ending in `*` names every tool
@@ -103,6 +128,15 @@ class PolicyRule(_Spec):
 
     tool: str
     disposition: Disposition
+    #: a JSON Schema the call's arguments must validate against for the rule to apply
+    when: dict[str, Any] | None = None
+
+    @field_validator("when")
+    @classmethod
+    def _when_is_a_schema(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None:
+            check_schema("when", value)
+        return value
 
     @property
     def is_prefix(self) -> bool:
@@ -112,6 +146,33 @@ class PolicyRule(_Spec):
         if self.is_prefix:
             return tool_name.startswith(self.tool[:-1])
         return tool_name == self.tool
+
+    def applies(self, tool_name: str, arguments: Any) -> bool:
+        """The rule names the tool and, with `when`, the arguments validate against it."""
+        if not self.matches(tool_name):
+            return False
+        if self.when is None:
+            return True
+        return bool(_when_validator(json.dumps(self.when, sort_keys=True)).is_valid(arguments))
+
+
+def check_schema(name: str, value: dict[str, Any]) -> None:
+    """A field of the agent file holding a JSON Schema: refused, naming where, unless it is one."""
+    from jsonschema import Draft202012Validator, SchemaError
+
+    try:
+        Draft202012Validator.check_schema(value)
+    except SchemaError as exc:
+        where = "/".join(str(p) for p in exc.path) or "(top level)"
+        raise ValueError(f"{name} is not a valid JSON Schema at {where}: {exc.message}") from None
+
+
+@functools.lru_cache(maxsize=256)
+def _when_validator(schema: str) -> Any:
+    """A compiled validator of a rule's `when` (specs are immutable: cached by its text)."""
+    from jsonschema import Draft202012Validator
+
+    return Draft202012Validator(json.loads(schema))
 
 
 class ToolCallPolicy(_Spec):
@@ -140,11 +201,12 @@ class ToolSpec(_Spec):
     """One tool the model may call: exactly one of `command`, `python`, `script`, `mcp`, `external`.
 
     `mcp` tools are not written by hand: they are listed from the agent's `mcpServers` when the
-    file is loaded.
+    agent is resolved (`celery_agents.tools.resolve`).
 
     `script` is an agents-exe style executable (`describe` / `run`); agents usually get such tools
     from a folder through `toolboxes` rather than writing them here. A `python` tool that declares
-    no `parameters` gets the schema derived from the function's signature when the agent loads.
+    no `parameters` gets the schema derived from the function's signature when the agent is
+    resolved.
     """
 
     name: str
@@ -162,30 +224,12 @@ class ToolSpec(_Spec):
     empty_result: str | None = Field(default=None, alias="emptyResult")
     #: stdout of the tool is a file of this media type (e.g. "image/png"), not text
     output_media_type: str | None = Field(default=None, alias="outputMediaType")
-    #: names of environment variables an isolated run of this tool may see
+    #: names of environment variables of the worker this tool's runs get (any disposition)
     env: list[str] = Field(default_factory=list)
     #: resource limits of this tool's runs (a disposition's `limits` override them)
     limits: Limits | None = None
     #: an isolated run keeps the network (it is cut by default; a policy rule's `network` wins)
     network: bool = False
-
-    @model_validator(mode="before")
-    @classmethod
-    def _derive_python_schema(cls, value: Any, info: ValidationInfo) -> Any:
-        # The model must see a python tool's parameters; without a declared schema, the
-        # function's signature is the schema. An unimportable module keeps the empty one
-        # (the worker may have it when the loading process does not). The module is looked up
-        # as the workers look it up: installed packages, then the agent file's folder.
-        if isinstance(value, dict) and value.get("python") and "parameters" not in value:
-            from celery_agents.tools.signature import describe_function
-
-            folder = (info.context or {}).get("base_dir")
-            found = describe_function(str(value["python"]), folder)
-            if found is not None:
-                value = {**value, "parameters": found[0]}
-                if not value.get("description") and found[1]:
-                    value["description"] = found[1]
-        return value
 
     @field_validator("env")
     @classmethod
@@ -221,13 +265,7 @@ class ToolSpec(_Spec):
     def _parameters_shape(cls, value: dict[str, Any]) -> dict[str, Any]:
         if value.get("type", "object") != "object":
             raise ValueError('parameters is a JSON Schema whose "type" is "object"')
-        from jsonschema import Draft202012Validator, SchemaError
-
-        try:
-            Draft202012Validator.check_schema(value)
-        except SchemaError as exc:
-            where = "/".join(str(p) for p in exc.path) or "(top level)"
-            raise ValueError(f"parameters is not a valid JSON Schema at {where}: {exc.message}") from None
+        check_schema("parameters", value)
         return value
 
     @model_validator(mode="after")
@@ -246,7 +284,7 @@ class ToolSpec(_Spec):
         return self
 
     @property
-    def kind(self) -> Literal["command", "python", "script", "mcp", "external"]:
+    def kind(self) -> ToolKind:
         if self.mcp:
             return "mcp"
         if self.command:
@@ -282,7 +320,7 @@ class Toolbox(_Spec):
         return value
 
 
-def _normalise_toolboxes(value: dict[str, Any]) -> dict[str, Any]:
+def normalise_toolboxes(value: dict[str, Any]) -> dict[str, Any]:
     """agents-exe's `toolDirectory` and `bashToolboxes` (tagged FileSystemDirectory / SingleTool)
     folded into `toolboxes`."""
     if "toolDirectory" not in value and "bashToolboxes" not in value:
@@ -323,8 +361,11 @@ class FallbackModel(_Spec):
 class AgentSpec(_Spec):
     """An agent file, validated. `base_dir` is the folder relative command paths resolve against.
 
-    `toolboxes` (or agents-exe's `toolDirectory` / `bashToolboxes`) are described when the file is
-    loaded (`parse_agent`): their tools join `tools`, so the stored agent names every tool.
+    `toolboxes` (or agents-exe's `toolDirectory` / `bashToolboxes`) are described when the agent is
+    resolved (`celery_agents.tools.resolve`): their tools join `tools`, so the stored agent names
+    every tool. Validated with the context `{"unresolved": True}` (an agent file as written, by
+    `model.agent_file`), a policy rule may name a tool its toolboxes or MCP servers are still to
+    list.
     """
 
     slug: str
@@ -346,15 +387,27 @@ class AgentSpec(_Spec):
     toolboxes: list[Toolbox] = Field(default_factory=list)
     #: models tried in order when `model` fails (after its own retries)
     fallback_models: list[FallbackModel] = Field(default_factory=list, alias="fallbackModels")
-    #: MCP tool servers; their tools are listed into `tools` when the file is loaded
+    #: `false`: the model's answer is asked for whole, not streamed (for a model that cannot
+    #: stream); unset is on (None, so specs stored before the field keep their content hash)
+    stream: bool | None = None
+    #: MCP tool servers; their tools are listed into `tools` when the agent is resolved
     mcp_servers: list[McpServer] = Field(default_factory=list, alias="mcpServers")
     #: what the agent is for, told to a parent agent's model (its `prompt_agent_<slug>` tool)
     description: str | None = None
     #: agents this one may delegate to, each a child session (`subAgents`; `extraAgents` too):
     #: paths in the file, the loaded agents once loaded
     sub_agents: list[AgentSpec] | None = Field(default=None, alias="subAgents")
-    #: how deep sub-agents may nest below this agent (default 4), checked when the file is loaded
+    #: how deep sub-agents may nest below this agent (default 4), checked when the file is read
     max_depth: int | None = Field(default=None, alias="maxDepth", ge=0, le=64)
+    #: what a session of this agent may spend, its sub-agents included
+    budget: Budget | None = None
+    #: what its model calls cost (per million tokens), instead of litellm's price list
+    pricing: Pricing | None = None
+    #: a fleet limit's KEY its model calls count against too, besides its model's (`agents limits`)
+    limit_key: str | None = Field(default=None, alias="limitKey")
+    #: 0 (lowest) to 9: steps of higher-priority sessions are taken first; none given: 5, or a
+    #: sub-agent's parent session's
+    priority: int | None = Field(default=None, ge=PRIORITY_MIN, le=PRIORITY_MAX)
     #: fields of an agents-exe file that were accepted and not used (for a warning)
     _ignored: tuple[str, ...] = PrivateAttr(default=())
 
@@ -387,7 +440,7 @@ class AgentSpec(_Spec):
     @model_validator(mode="before")
     @classmethod
     def _toolbox_aliases(cls, value: Any) -> Any:
-        return _normalise_toolboxes(value) if isinstance(value, dict) else value
+        return normalise_toolboxes(value) if isinstance(value, dict) else value
 
     @model_validator(mode="before")
     @classmethod
@@ -405,6 +458,11 @@ class AgentSpec(_Spec):
     @classmethod
     def _api_key_env(cls, value: str | None) -> str | None:
         return _key_variable(value)
+
+    @field_validator("limit_key")
+    @classmethod
+    def _limit_key(cls, value: str | None) -> str | None:
+        return None if value is None else check_limit_key(value)
 
     @field_validator("model_params")
     @classmethod
@@ -424,7 +482,7 @@ class AgentSpec(_Spec):
         return value
 
     @model_validator(mode="after")
-    def _check_tools(self) -> AgentSpec:
+    def _check_tools(self, info: ValidationInfo) -> AgentSpec:
         names = [t.name for t in self.tools] + list(self.sub_agent_tools)
         if len(self.sub_agent_tools) < len(self.sub_agents or []):
             raise ValueError("subAgents: two sub-agents have the same slug; each needs its own")
@@ -438,7 +496,9 @@ class AgentSpec(_Spec):
         for tool in self.tools:
             if tool.mcp is not None and tool.mcp.server not in servers:
                 raise ValueError(f"tool {tool.name!r} calls MCP server {tool.mcp.server!r}, which mcpServers lacks")
-        if self.tool_call_policy:
+        # Before its toolboxes are described and its servers listed, a rule may name a tool to come.
+        to_come = bool(info.context and info.context.get("unresolved")) and bool(self.toolboxes or self.mcp_servers)
+        if self.tool_call_policy and not to_come:
             for i, rule in enumerate(self.tool_call_policy.rules):
                 if not any(rule.matches(n) for n in names):
                     what = "matches no tool" if rule.is_prefix else "names a tool"
@@ -463,6 +523,11 @@ class AgentSpec(_Spec):
 
     def mcp_server(self, name: str) -> McpServer | None:
         return next((s for s in self.mcp_servers if s.name == name), None)
+
+    @property
+    def streams(self) -> bool:
+        """The model's answer streams (live output) unless the file says `"stream": false`."""
+        return self.stream is not False
 
     @property
     def sub_agent_tools(self) -> dict[str, AgentSpec]:
@@ -517,8 +582,6 @@ _PROMPT: dict[str, Any] = {
     "properties": {"prompt": {"type": "string", "description": "the task, as a prompt for the agent"}},
     "required": ["prompt"],
 }
-#: a sub-agent's nesting limit unless its top agent's file sets `maxDepth`
-DEFAULT_MAX_DEPTH = 4
 
 
 def sub_agent_tool_name(slug: str) -> str:
@@ -544,291 +607,6 @@ def agent_json_schema() -> dict[str, Any]:
     return schema
 
 
-_FIX_HINTS = {
-    "missing": "add it",
-    "literal_error": "use one of the allowed values",
-    "extra_forbidden": "remove it",
-    "string_type": "give a string",
-    "int_type": "give a whole number",
-    "int_parsing": "give a whole number",
-    "float_type": "give a number",
-    "float_parsing": "give a number",
-    "bool_type": "give true or false",
-    "list_type": "give a JSON list",
-    "dict_type": "give a JSON object",
-    "model_type": "give a JSON object",
-    "greater_than": "give a larger number",
-    "greater_than_equal": "give a larger number",
-    "less_than_equal": "give a smaller number",
-}
-
-
-def _loc(parts: tuple[Any, ...]) -> str:
-    out = ""
-    for p in parts:
-        if isinstance(p, int):
-            out += f"[{p}]"
-        elif p in ("function-after[_check_tools()]",) or str(p).startswith(("function-", "tagged-union")):
-            continue
-        else:
-            out += ("." if out else "") + str(p)
-    return out or "(top level)"
-
-
-def describe_validation_error(source: str, exc: ValidationError) -> str:
-    """One line per problem: `<file>: <field>: <what is wrong> — <fix>`."""
-    lines = []
-    for err in exc.errors(include_url=False):
-        field = _loc(tuple(err.get("loc", ())))
-        msg = str(err.get("msg", "invalid"))
-        if msg.startswith("Value error, "):
-            msg = msg[len("Value error, ") :]
-        kind = str(err.get("type", ""))
-        hint = _FIX_HINTS.get(kind)
-        if kind == "literal_error" and field.endswith("tag"):
-            hint = f"use one of {', '.join(DISPOSITION_TAGS)}"
-        elif kind == "literal_error" and field.endswith("executionMode"):
-            hint = 'use "synchronous" or "asynchronous"'
-        if kind == "missing":
-            msg = "this field is required"
-        if field == "(top level)" and re.match(r"^[A-Za-z]+(\.|\[)", msg):
-            lines.append(f"{source}: {msg}" + (f" ({hint})" if hint else ""))  # the message names the field
-        else:
-            lines.append(f"{source}: {field}: {msg}" + (f" ({hint})" if hint else ""))
-    return "\n".join(lines)
-
-
-# -- fields: known, unknown, and agents-exe's we do not use ------------------------------------
-#: Names a model accepts besides its fields and aliases (folded in by its "before" validators).
-_ALSO_ACCEPTED: dict[str, frozenset[str]] = {
-    # toolCallPolicyConfig, toolDirectory and bashToolboxes: the agents-exe spellings; extraAgents
-    # the agents-exe name of subAgents.
-    "AgentSpec": frozenset({"toolCallPolicyConfig", "toolDirectory", "bashToolboxes", "extraAgents"}),
-}
-
-#: Fields of agents-exe agent files that celery-agents does not use: accepted with a warning.
-AGENTS_EXE_FIELDS: dict[str, frozenset[str]] = {
-    "AgentSpec": frozenset(
-        {
-            "flavor",
-            "modelUrl",
-            "modelName",
-            "apiKeyId",
-            "announce",
-            "openApiToolboxes",
-            "postgrestToolboxes",
-            "builtinToolboxes",
-            "skillSources",
-            "autoEnableSkills",
-            "asyncYieldStrategy",
-            "maxConcurrency",
-            "asyncCallTimeoutSeconds",
-            "parameters",
-            "bindings",
-            "pauseCancelsCalls",
-            "resumeOnAnyMail",
-            "interruptCompletions",
-            "mailInToolResult",
-            "mailScope",
-            "interruptScope",
-            "wakeOn",
-            "fileSandboxes",
-        }
-    ),
-    "ToolCallPolicy": frozenset({"wrappers"}),
-    "Disposition": frozenset({"attachSeconds", "spec"}),
-}
-
-
-def _nested_model(annotation: Any) -> type[BaseModel] | None:
-    """The pydantic model inside a field's type (`X`, `X | None`, `list[X]`), if any."""
-    from typing import get_args
-
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in get_args(annotation):
-        found = _nested_model(arg)
-        if found is not None:
-            return found
-    return None
-
-
-def _fields_of(model: type[BaseModel]) -> dict[str, type[BaseModel] | None]:
-    """Every name `model` accepts in a file, with the model of its value when it has one."""
-    names: dict[str, type[BaseModel] | None] = {}
-    for name, info in model.model_fields.items():
-        nested = _nested_model(info.annotation)
-        names[name] = nested
-        if info.alias:
-            names[info.alias] = nested
-    for name in _ALSO_ACCEPTED.get(model.__name__, frozenset()):
-        names.setdefault(name, ToolCallPolicy if name == "toolCallPolicyConfig" else None)
-    return names
-
-
-def _check_fields(model: type[BaseModel], data: Any, where: str, unknown: list[str], ignored: list[str]) -> None:
-    """Walk `data` as `model` reads it: unknown names go to `unknown` (with the closest known
-    name), agents-exe names we do not use to `ignored`."""
-    import difflib
-
-    if isinstance(data, list):
-        for i, item in enumerate(data):
-            _check_fields(model, item, f"{where}[{i}]", unknown, ignored)
-        return
-    if not isinstance(data, dict):
-        return
-    known = _fields_of(model)
-    for key, value in data.items():
-        path = f"{where}.{key}" if where else str(key)
-        if key in known:
-            nested = known[key]
-            if nested is not None:
-                _check_fields(nested, value, path, unknown, ignored)
-        elif key in AGENTS_EXE_FIELDS.get(model.__name__, frozenset()):
-            ignored.append(path)
-        else:
-            public = sorted(k for k in known if not k.islower() or "_" not in k)
-            # A field one level down, written a level too high (a rule's `network`).
-            deeper = [f"{k}.{key}" for k in public if (sub := known[k]) is not None and key in _fields_of(sub)]
-            close = deeper or difflib.get_close_matches(str(key), public, n=1, cutoff=0.6)
-            hint = f"did you mean {close[0]}?" if close else f"known fields here: {', '.join(public)}"
-            unknown.append(f"{path}: unknown field ({hint})")
-
-
-def parse_agent(
-    data: Any, source: str = "<agent>", base_dir: str | None = None, _chain: tuple[str, ...] = ()
-) -> AgentSpec:
-    """Validate an agent given as a JSON value; raises `InvalidAgentFile`. A field the file
-    format does not know is refused with the closest known name; a field of agents-exe files
-    that celery-agents does not use is accepted and listed in `ignored_fields`."""
-    if not isinstance(data, dict):
-        raise InvalidAgentFile(f"{source}: (top level): an agent file is a JSON object (give {{...}})")
-    try:
-        check_depth(data)
-    except UnusableJson as exc:
-        raise InvalidAgentFile(f"{source}: (top level): not a usable agent file: {exc}", file=source) from None
-    unknown: list[str] = []
-    ignored: list[str] = []
-    data = normalise_servers(data)
-    _check_fields(AgentSpec, data, "", unknown, ignored)
-    if unknown:
-        raise InvalidAgentFile("\n".join(f"{source}: {line}" for line in unknown), file=source)
-    if base_dir and "baseDir" not in data:
-        data = {**data, "baseDir": base_dir}
-    if any(k in data for k in ("toolboxes", "toolDirectory", "bashToolboxes")):
-        data = _with_toolbox_tools(data, source)
-    if data.get("mcpServers"):
-        from celery_agents.tools.mcp.listing import with_mcp_tools
-
-        data = with_mcp_tools(data, source)
-    if data.get("subAgents") or data.get("extraAgents"):
-        data = _with_sub_agents(data, source, _chain)
-    try:
-        spec = AgentSpec.model_validate(data, context={"base_dir": data.get("baseDir")})
-        spec._ignored = tuple(ignored)
-    except ValidationError as exc:
-        message = describe_validation_error(source, exc)
-        if "toolCallPolicyConfig" in data:
-            # The file spells the policy the agents-exe way: name its fields as the file does.
-            message = re.sub(r"\btoolCallPolicy(?=[.\[:])", "toolCallPolicyConfig", message)
-        raise InvalidAgentFile(message, file=source) from None
-    if not _chain:
-        _check_nesting(spec, source)
-    return spec
-
-
-def _check_nesting(spec: AgentSpec, source: str) -> None:
-    """A tree of sub-agents deeper than the top agent's `maxDepth` is refused."""
-    limit = DEFAULT_MAX_DEPTH if spec.max_depth is None else spec.max_depth
-    if spec.depth > limit:
-        raise InvalidAgentFile(
-            f"{source}: subAgents: sub-agents nest {spec.depth} levels deep, more than maxDepth ({limit}); "
-            "flatten the tree or raise maxDepth",
-            file=source,
-        )
-
-
-def _with_sub_agents(data: dict[str, Any], source: str, chain: tuple[str, ...]) -> dict[str, Any]:
-    """`data` with each sub-agent (a path relative to the file, or an agent object) loaded and
-    validated in place. An agent that is its own ancestor (by file or slug) is refused."""
-    key = "subAgents" if data.get("subAgents") else "extraAgents"
-    entries = data.get(key)
-    if not isinstance(entries, list):
-        raise InvalidAgentFile(f'{source}: {key}: a list of agent file paths (write "{key}": ["helper.json"])')
-    here = (*chain, str(data.get("slug")))
-    loaded: list[dict[str, Any]] = []
-    for i, entry in enumerate(entries):
-        where = f"{source}: {key}[{i}]"
-        if isinstance(entry, str):
-            if not data.get("baseDir"):
-                raise InvalidAgentFile(
-                    f"{where}: a path needs an agent file to be relative to; give the sub-agent as an agent object"
-                )
-            path = Path(data["baseDir"]) / entry
-            marker = f"file:{path.resolve()}"
-            if marker in here:
-                raise InvalidAgentFile(f"{where}: {entry} is an agent that (transitively) delegates to itself")
-            sub = load_agent_file(path, _chain=(*here, marker))
-        elif isinstance(entry, dict):
-            sub = parse_agent(entry, where, base_dir=data.get("baseDir"), _chain=here)
-        else:
-            raise InvalidAgentFile(f"{where}: give the path of an agent file")
-        if sub.slug in here:
-            raise InvalidAgentFile(f"{where}: agent {sub.slug!r} (transitively) delegates to itself")
-        loaded.append(sub.model_dump(mode="json", by_alias=True, exclude_none=True))
-    rest = {k: v for k, v in data.items() if k not in ("subAgents", "extraAgents")}
-    return {**rest, "subAgents": loaded}
-
-
-def _with_toolbox_tools(data: dict[str, Any], source: str) -> dict[str, Any]:
-    """`data` with the tools its toolboxes describe appended to `tools` (once: a tool already
-    declared under the same name is kept as written)."""
-    from celery_agents.tools.toolbox import ToolboxError, describe_toolbox
-
-    try:
-        boxes = _normalise_toolboxes(data).get("toolboxes") or []
-        toolboxes = [Toolbox.model_validate(b) for b in boxes]
-    except (ValidationError, AttributeError, TypeError) as exc:
-        raise InvalidAgentFile(
-            f'{source}: toolboxes: {exc} (write "toolboxes": ["tools/"] or [{{"path": "tools/", "prefix": "bash_"}}])',
-            file=source,
-        ) from None
-    tools = list(data.get("tools") or [])
-    declared = {t.get("name") for t in tools if isinstance(t, dict)}
-    for i, box in enumerate(toolboxes):
-        try:
-            found = describe_toolbox(box, data.get("baseDir"))
-        except ToolboxError as exc:
-            raise InvalidAgentFile(f"{source}: toolboxes[{i}]: {exc}", file=source) from None
-        tools.extend(t for t in found if t["name"] not in declared)
-        declared.update(t["name"] for t in found)
-    return {**data, "tools": tools}
-
-
 def arguments_not_an_object(tool: str) -> str:
     """What the model is told when a call's arguments are JSON but not an object."""
     return f"the arguments of {tool} must be a JSON object"
-
-
-def load_agent_file(path: str | Path, _chain: tuple[str, ...] = ()) -> AgentSpec:
-    """Read and validate an agent file; raises `InvalidAgentFile` naming the file, field and fix."""
-    p = Path(path)
-    try:
-        raw = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InvalidAgentFile(f"{p}: no such file (check the --agent-file path)", file=str(p)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidAgentFile(f"{p}: cannot read it: {exc}", file=str(p)) from None
-    try:
-        data = load_json(raw)
-    except json.JSONDecodeError as exc:
-        raise InvalidAgentFile(
-            f"{p}: line {exc.lineno} column {exc.colno}: not valid JSON: {exc.msg} (fix the JSON syntax)",
-            file=str(p),
-        ) from None
-    except UnusableJson as exc:
-        raise InvalidAgentFile(f"{p}: (top level): not a usable agent file: {exc}", file=str(p)) from None
-    spec = parse_agent(data, str(p), base_dir=str(p.resolve().parent), _chain=_chain or (f"file:{p.resolve()}",))
-    if not _chain:
-        _check_nesting(spec, str(p))
-    return spec

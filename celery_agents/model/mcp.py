@@ -1,8 +1,9 @@
 """MCP tool servers in the agent file (`mcpServers`) and the reference an MCP tool keeps.
 
-A server is started by `command` (stdio) or reached at `url` (Streamable HTTP). Its tools are
-listed when the agent file is loaded and join the agent's tools as `mcp__<server>__<tool>`, each
-carrying an `McpToolRef` back to its server, so workers call them without listing again.
+A server is started by `command` (stdio) or reached at `url` (Streamable HTTP); an entry here is
+data only. Its tools are listed when the agent is resolved (`celery_agents.tools.resolve`) and join
+the agent's tools as `mcp__<server>__<tool>`, each carrying an `McpToolRef` back to its server, so
+workers call them without listing again.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: how the providers let a tool be named
 _TOOL_NAME_CHARS = re.compile(r"[^A-Za-z0-9_-]")
 _TOOL_NAME_MAX = 64
+#: the longest name a server may give a tool (the MCP specification's 1-128 characters)
+MCP_TOOL_NAME_MAX = 128
 
 
 class McpServer(BaseModel):

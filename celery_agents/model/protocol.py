@@ -36,10 +36,32 @@ class EventType(StrEnum):
     CONTINUED = "continued"
     #: a person approved a deferred sub-agent call: it now starts its child session
     DELEGATION_APPROVED = "delegation_approved"
+    #: a person approved an approval gate: the call now runs under its `then`
+    CALL_APPROVED = "call_approved"
+    #: a tenth of a deferred call's wait (at most an hour) remains
+    CALL_EXPIRING = "call_expiring"
+    #: a deferred call's deadline was moved (`session extend`)
+    CALL_EXTENDED = "call_extended"
+    #: a worker ran nothing of a dispatched call whose stored record disagrees with the signed spec
+    CALL_REFUSED = "call_refused"
+    #: the session was made as a fork of another (`session fork`, `session rerun`)
+    FORKED = "forked"
+    #: a fleet limit (or a model's pause) made the step's model call wait: the step was put back
+    #: for the time it may start (`until`, `key`, `reason`)
+    STEP_THROTTLED = "step_throttled"
+    #: text and reasoning of a model answer as it streams, written before the step commits and
+    #: removed by its commit (not the transcript: the committed turn is the truth); `{"text", "offset"}`
+    TEXT_DELTA = "text_delta"
+    REASONING_DELTA = "reasoning_delta"
+    #: a model call was cancelled by a message sent with `--interrupt`: its partial answer dropped,
+    #: its usage counted; the next model call includes the message
+    MODEL_INTERRUPTED = "model_interrupted"
 
 
 #: events after which a session has stopped for good
 FINAL_EVENTS = frozenset({EventType.COMPLETED, EventType.FAILED, EventType.CANCELLED})
+#: the events of an answer as it streams (live output, trimmed once its step commits)
+DELTA_EVENTS = frozenset({EventType.TEXT_DELTA, EventType.REASONING_DELTA})
 
 #: a script's reply that changed nothing (or only added an event): its `once` does not keep it for
 #: retries (`_lib.lua` REFUSALS)
@@ -60,6 +82,12 @@ Refusal = Literal[
     "busy",
     # send_message: as many messages wait as may
     "full",
+    # complete_token: this very completions stream entry completed the token before
+    "applied",
+    # complete_token: approve or reject of a call that is not an approval gate; a decision made on
+    # another digest than the pending call's
+    "not_an_approval",
+    "digest_mismatch",
     # the sweeper's verdicts (sweep_*.lua) but `republish`
     "settled",
     "running",
@@ -79,11 +107,19 @@ ScriptOutcome = Literal[
     "lost",
     # complete_token: the completion approved a deferred sub-agent call, which now starts its child
     "approved",
+    # admit: a fleet limit has no room for the model call now; claim_budget: a budget above has
+    # none beside the calls in flight
+    "wait",
+    # claim_budget: a limit of a budget above is reached
+    "refuse",
 ]
 SCRIPT_OUTCOMES: frozenset[str] = frozenset(get_args(ScriptOutcome))
 REFUSALS: frozenset[str] = frozenset(get_args(Refusal))
 
 #: what running one step did (`runtime.step.StepResult.outcome`): committed; waiting (calls still
 #: unfinished) or noop (nothing to do); refused before starting: stale, busy, ended, missing; lost
-#: (another worker took the lease over); failed (the session was failed by the step)
-StepOutcome = Literal["committed", "waiting", "noop", "stale", "busy", "ended", "missing", "lost", "failed"]
+#: (another worker took the lease over); failed (the session was failed by the step); throttled (a
+#: fleet limit made its model call wait: the step was put back for the time it may start)
+StepOutcome = Literal[
+    "committed", "waiting", "noop", "stale", "busy", "ended", "missing", "lost", "failed", "throttled"
+]

@@ -1,14 +1,17 @@
 """Observing the work: Prometheus metrics, OpenTelemetry traces and log context, in one place.
 
 The step, tool-call, model-call and completion code paths call the few context managers and
-functions here; they count (when the worker serves `--metrics-port`), open spans (when tracing is
-on) and name the session, step version and call of every log line. With neither enabled, nothing
-here imports prometheus-client or OpenTelemetry, and each hook costs a check of two globals.
+functions here; they count, open spans (when tracing is on) and name the session, step version and
+call of every log line. Counts go to the `Tally` of the work in hand (a step, a dispatched call),
+which the script recording that work adds to the fleet's counters in Redis (store/counters.py);
+the step latency histogram is this process's own (when the worker serves `--metrics-port`). With
+neither metrics nor tracing enabled, nothing here imports prometheus-client or OpenTelemetry.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -19,16 +22,49 @@ from celery_agents.observe.logs import add_context, log_context
 
 if TYPE_CHECKING:
     from celery_agents.config import Settings
-    from celery_agents.model import AgentSpec, LlmTurn, TrackedCall
+    from celery_agents.model import AgentSpec, CallOutcome, LlmTurn, TrackedCall
     from celery_agents.observe.tracing import Tracing
-    from celery_agents.scheduler.ports import CallOutcome
     from celery_agents.store import Store
+    from celery_agents.store.counters import Counts
 
 __all__ = ["add_context", "log_context"]
 
-#: the series module (observe.series) once this process counts; None: no metrics
+#: the series module (observe.series) once this process serves its histogram; None: no metrics
 _series: ModuleType | None = None
 _tracing: Tracing | None = None
+
+
+class Tally:
+    """What one piece of work counted (a step; a runAsync/runIsolated call): counter key (series,
+    label values) -> amount, for the script that records the work to add to the fleet's counters."""
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, ...], int] = {}
+
+    def add(self, *key: str, n: int = 1) -> None:
+        if n:
+            self.counts[key] = self.counts.get(key, 0) + n
+
+
+#: the tally of the work this thread is doing, if any: the hooks below count into it
+_tally: contextvars.ContextVar[Tally | None] = contextvars.ContextVar("celery_agents_tally", default=None)
+
+
+@contextlib.contextmanager
+def tallying(tally: Tally | None = None) -> Iterator[Tally]:
+    """Count what the hooks see inside into `tally` (a new one if not given)."""
+    tally = tally or Tally()
+    token = _tally.set(tally)
+    try:
+        yield tally
+    finally:
+        _tally.reset(token)
+
+
+def _count(*key: str, n: int = 1) -> None:
+    tally = _tally.get()
+    if tally is not None:
+        tally.add(*key, n=n)
 
 
 def setup(settings: Settings) -> None:
@@ -105,8 +141,7 @@ def step(request: Any, session_id: str, version: int) -> Iterator[Watch]:
             watch.outcome, watch.error = "error", type(exc).__name__
             raise
         finally:
-            if _series is not None:
-                _series.steps.labels(watch.outcome).inc()
+            if _series is not None:  # its outcome is counted by the script that ends it
                 _series.step_seconds.observe(time.perf_counter() - started)
 
 
@@ -136,8 +171,7 @@ def model_call(model: str) -> Iterator[Watch]:
             watch.error = watch.outcome
             raise
         finally:
-            if _series is not None:
-                _series.model_calls.labels(model, watch.outcome).inc()
+            _count("model_calls", model_label(model), watch.outcome)
 
 
 def model_answered(watch: Watch, model: str, turn: LlmTurn) -> None:
@@ -152,15 +186,18 @@ def model_answered(watch: Watch, model: str, turn: LlmTurn) -> None:
             "gen_ai.usage.reasoning_tokens": u.reasoning_tokens or None,
         }
     )
-    if _series is not None:
-        for kind, count in (
-            ("input", u.prompt_tokens),
-            ("output", u.completion_tokens),
-            ("reasoning", u.reasoning_tokens),
-            ("cached", u.cached_tokens),
-        ):
-            if count:
-                _series.model_tokens.labels(model, kind).inc(count)
+    for kind, count in (
+        ("input", u.prompt_tokens),
+        ("output", u.completion_tokens),
+        ("reasoning", u.reasoning_tokens),
+        ("cached", u.cached_tokens),
+    ):
+        _count("model_tokens", model_label(model), kind, n=count or 0)
+
+
+def model_label(model: str) -> str:
+    """A model as a label: the agent file's name for it (a bounded set), cut to 200 characters."""
+    return model[:200]
 
 
 def tool_label(agent: AgentSpec | None, name: str) -> str:
@@ -183,27 +220,32 @@ def tool_call(agent: AgentSpec | None, call: TrackedCall) -> Iterator[Watch]:
         try:
             yield watch
         finally:
-            if _series is not None:
-                _series.tool_calls.labels(tool, call.disposition, watch.outcome).inc()
+            _count("tool_calls", tool, call.disposition, watch.outcome)
+
+
+def call_refused(lane: str) -> Counts:
+    """A dispatched call whose stored record the signed spec does not allow in `lane` ran nothing:
+    what recording its refusal counts."""
+    return {("calls_refused", lane): 1}
 
 
 def tool_ran(watch: Watch, outcome: CallOutcome) -> None:
     watch.outcome = "completed" if outcome.state == "completed" else "failed"
     if watch.outcome == "failed":
         watch.error = (outcome.error or "failed")[:200]
-    sandbox = outcome.meta.get("isolation") if isinstance(outcome.meta, dict) else None
-    kills = outcome.meta.get("oom_kills") if isinstance(outcome.meta, dict) else None
+    sandbox, kills = outcome.meta.isolation, outcome.meta.oom_kills
     watch.set(**{"agents.sandbox": sandbox, "agents.oom_kills": kills, "agents.exit_status": outcome.exit_status})
-    if _series is not None and isinstance(kills, int) and kills > 0:
-        _series.sandbox_oom_kills.inc(kills)
+    if isinstance(kills, int) and kills > 0:
+        _count("sandbox_oom_kills", n=kills)
 
 
 @contextlib.contextmanager
 def token_wait(store: Store, token: str, by: str | None) -> Iterator[Watch]:
     """A deferred call's wait, from its deferral to this completion, in the trace of the step that
-    deferred it; the step its completion wakes is published inside, so it joins that trace too."""
+    deferred it; the step its completion wakes is published inside, so it joins that trace too.
+    (complete_token.lua counts the completion and the call.)"""
     watch = Watch(outcome="completed")
-    if _tracing is None and _series is None:
+    if _tracing is None:
         yield watch
         return
     found = store.call_of_token(token)
@@ -224,29 +266,12 @@ def token_wait(store: Store, token: str, by: str | None) -> Iterator[Watch]:
         except Exception as exc:
             watch.outcome = str(getattr(exc, "code", "") or "error")
             raise
-        finally:
-            if _series is not None and watch.outcome in ("completed", "failed"):
-                _series.tool_calls.labels(tool, "defer", watch.outcome).inc()
 
 
 def _agent_of(store: Store, agent_hash: str) -> AgentSpec | None:
     with contextlib.suppress(Exception):  # a missing or unsigned spec: the tool is `_other`
         return store.agent(agent_hash)
     return None
-
-
-def completion(outcome: str) -> None:
-    """A completions stream entry applied (`applied`) or refused (its reason code)."""
-    if _series is not None:
-        _series.completions.labels(outcome[:40]).inc()
-
-
-def republished(kind: str, takeover: bool) -> None:
-    """The sweeper published a step or call again; `takeover`: a worker had it and its lease lapsed."""
-    if _series is not None:
-        _series.republished.labels(kind).inc()
-        if takeover:
-            _series.lease_takeovers.labels(kind).inc()
 
 
 def stamp_deferred(calls: list[TrackedCall]) -> list[TrackedCall]:

@@ -4,12 +4,12 @@ Shared by the Celery tasks and the CLI's inline mode; holds no Celery code itsel
 """
 
 from celery_agents.runtime.calls import CallRun, run_call
-from celery_agents.runtime.ports import JournaledLlm, JournaledTools, SecureIds, SystemClock
+from celery_agents.runtime.ports import FencedLlm, JournaledTools, SecureIds, SystemClock
 from celery_agents.runtime.step import StepResult, commit_transition, run_step
 
 __all__ = [
     "CallRun",
-    "JournaledLlm",
+    "FencedLlm",
     "JournaledTools",
     "SecureIds",
     "StepResult",

@@ -6,7 +6,9 @@ systems write to with nothing but a Redis client:
 Workers read that stream through a consumer group: an entry is applied with the same atomic script
 as the CLI, then acknowledged and deleted, whatever its bytes; entries a dead worker had read are
 taken over and applied first by the next consumer. Entries that change nothing are recorded in
-`completions:rejected` with the reason.
+`completions:rejected` with the reason. A worker's consumer applies and acknowledges an entry
+through a Redis outage (up to AGENTS_REDIS_OUTAGE_SECONDS); its reads fail at once and its loop
+reads again.
 """
 
 from __future__ import annotations
@@ -15,21 +17,36 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
-
-import redis
+from typing import Any, Literal
 
 from celery_agents import observe
-from celery_agents.errors import AgentsError, InvalidEntry, InvalidResult, TokenExpired
-from celery_agents.model import CompletionOutcome, TrackedCall
+from celery_agents.errors import (
+    AgentsError,
+    DigestMismatch,
+    InvalidArguments,
+    InvalidEntry,
+    InvalidInput,
+    InvalidResult,
+    NotAnApproval,
+    RedisRefused,
+    RedisUnavailable,
+    TokenAlreadyCompleted,
+    TokenExpired,
+    UntrustedSpec,
+)
+from celery_agents.model import AgentSpec, CompletionOutcome, TrackedCall
 from celery_agents.model.limits import UnusableJson, check_depth, load_json
 from celery_agents.runtime.faults import checkpoint
-from celery_agents.store import COMPLETIONS_GROUP, Store, completion_json
+from celery_agents.scheduler.machine import schema_digest
+from celery_agents.store import COMPLETIONS_GROUP, Decision, Store, completion_json
+from celery_agents.store.codec import token_message
+from celery_agents.store.stream import GroupMissing
 
 log = logging.getLogger("celery_agents.completions")
 
 GROUP = COMPLETIONS_GROUP
-Wake = Callable[[str, int], None]
+#: wake(session_id, version, priority): publish the step of a session that must go on
+Wake = Callable[[str, int, int], None]
 #: publishes a dispatched call (session id, call): an approved delegation starts its child so
 Dispatch = Callable[[str, TrackedCall], None]
 
@@ -77,8 +94,10 @@ def complete(
     wake: Wake | None = None,
     dispatch: Dispatch | None = None,
     now: float | None = None,
+    entry: str = "",
+    decision: Decision | None = None,
 ) -> CompletionOutcome:
-    """Complete a deferred call; wakes the session through `wake(session_id, version)` when its last
+    """Complete a deferred call; wakes the session through `wake(session_id, version, priority)` when its last
     unfinished call is done and it is auto-driven. Approving a deferred sub-agent call publishes it
     through `dispatch` instead (it starts the child session). Raises the token's conflict otherwise."""
     check_result(result, store.settings.max_result_bytes)
@@ -87,18 +106,95 @@ def complete(
     with observe.token_wait(store, token, by) as watch:
         try:
             done, version = store.complete_token(
-                token, outcome, by=by or "", event={"by": by or "", "error": is_error}, now=now
+                token,
+                outcome,
+                by=by or "",
+                event={"by": by or "", "error": is_error, **({"decision": decision.outcome} if decision else {})},
+                now=now,
+                entry=entry,
+                decision=decision,
             )
         except TokenExpired as exc:
             if wake is not None and "wake_version" in exc.details:
-                wake(token.partition(".")[0], int(exc.details["wake_version"]))
+                wake(token.partition(".")[0], int(exc.details["wake_version"]), int(exc.details["wake_priority"]))
             raise
         watch.outcome = "failed" if is_error else "completed"
         if done.woken and wake is not None:
-            wake(done.session_id, version)
+            wake(done.session_id, version, done.priority)
         if done.delegated is not None and dispatch is not None:
             dispatch(done.session_id, store.call(done.session_id, done.delegated))
     return done
+
+
+def decide(
+    store: Store,
+    token: str,
+    kind: Literal["approve", "reject"],
+    *,
+    arguments: Any = None,
+    digest: str | None = None,
+    for_session: bool = False,
+    reason: str | None = None,
+    by: str | None = None,
+    wake: Wake | None = None,
+    dispatch: Dispatch | None = None,
+    entry: str = "",
+) -> CompletionOutcome:
+    """Approve (run under its `then`, with `arguments` when given: an edit) or reject (the model
+    is told `rejected: <reason>`; the tool never runs) an approval gate. `digest`: refuse unless
+    the pending call is the one decided on. `for_session`: later calls of the tool in the session
+    run without asking. One decision per token; the token's conflict otherwise."""
+    call, agent_hash = store.token_call(token, entry)
+    if call.then is None:
+        raise NotAnApproval(token_message("not_an_approval", token), token=token)
+    if digest is not None and digest.strip().lower() != call.digest():
+        raise DigestMismatch(token_message("digest_mismatch", token), token=token)
+    by = by or None
+    if kind == "reject":
+        text = f"rejected: {reason.strip()}" if reason and reason.strip() else "rejected: a person declined the call"
+        decision = Decision("reject", "rejected", digest=call.digest())
+        return complete(store, token, text, is_error=True, by=by, wake=wake, entry=entry, decision=decision)
+    if store.settings.spec_key is None and store.spec_signed(agent_hash):
+        # Recorded unsealed, the approval would be refused by every worker holding the key, and the
+        # call would fail later; the person is told now and nothing is recorded.
+        raise UntrustedSpec(
+            "this session's agent spec is signed: approving one of its calls needs AGENTS_SPEC_KEY in this "
+            "process's environment (without it no worker would run the approved call); nothing was recorded",
+            agent_hash=agent_hash,
+        )
+    agent = store.agent(agent_hash)
+    approved = call.arguments if arguments is None else _checked_arguments(agent, call, arguments)
+    outcome: Literal["approved", "edited"] = "approved" if approved == call.arguments else "edited"
+    tool = agent.tool(call.tool)
+    grant = (call.tool, schema_digest(tool.parameters)) if for_session and tool is not None else None
+    running = json.dumps(
+        {"state": "running", "decision": outcome, "arguments": approved, "completed_by": by}, ensure_ascii=False
+    )
+    decision = Decision("approve", outcome, approved=running, digest=call.digest(), grant=grant)
+    return complete(store, token, "approved", by=by, wake=wake, dispatch=dispatch, entry=entry, decision=decision)
+
+
+def _checked_arguments(agent: AgentSpec, call: TrackedCall, arguments: Any) -> dict[str, Any]:
+    """Edited arguments, refused (`invalid_arguments`) unless the tool's schema takes them."""
+    from celery_agents.tools.arguments import argument_problems
+
+    if not isinstance(arguments, dict):
+        raise InvalidArguments(f"the arguments of {call.tool} are a JSON object, not {type(arguments).__name__}")
+    try:
+        check_depth(arguments)
+    except UnusableJson as exc:
+        raise InvalidArguments(f"the arguments are JSON celery-agents cannot use: {exc}") from None
+    tool = agent.tool(call.tool)
+    if tool is not None:
+        problems = argument_problems(tool.name, tool.parameters, arguments)
+    else:  # a delegation: its child gets the prompt
+        prompt = arguments.get("prompt")
+        problems = None if isinstance(prompt, str) and prompt.strip() else 'give the task as {"prompt": "..."}'
+    if problems:
+        # Written for the model ("call it again..."): a person's edit is told only what is wrong.
+        told = problems.rsplit(f" Call {call.tool} again", 1)[0]
+        raise InvalidArguments(f"these arguments do not fit {call.tool}, nothing was run: {told}")
+    return arguments
 
 
 class CompletionConsumer:
@@ -127,9 +223,7 @@ class CompletionConsumer:
             self._taken_over = True
         try:
             entries += self.stream.read_new(self.name, self.batch, None if entries else block_ms)
-        except redis.ResponseError as exc:
-            if "NOGROUP" not in str(exc):
-                raise
+        except GroupMissing:
             self._taken_over = False  # the stream was deleted meanwhile: make the group again
         if entries:
             checkpoint("completion_read", self.store, entries[0][0])
@@ -146,24 +240,65 @@ class CompletionConsumer:
         try:
             fields = decode_entry(raw_fields)
             token, by = (fields.get("token") or "").strip(), fields.get("by") or ""
-            result, is_error = _result(fields, store.settings.max_result_bytes), bool(fields.get("error"))
-            done = complete(
-                store, token, result, is_error=is_error, by=by or None, wake=self.wake, dispatch=self.dispatch
-            )
-            observe.completion("applied")
+            if fields.get("decision") and fields.get("result") is None and not fields.get("error"):
+                done = self._decide(token, fields, entry_id)
+            else:
+                result, is_error = _result(fields, store.settings.max_result_bytes), bool(fields.get("error"))
+                done = complete(
+                    store,
+                    token,
+                    result,
+                    is_error=is_error,
+                    by=by or None,
+                    wake=self.wake,
+                    dispatch=self.dispatch,
+                    entry=entry_id,
+                )
+        except (RedisUnavailable, RedisRefused):
+            raise  # pending in the group: applied again by whoever consumes next
+        except TokenAlreadyCompleted as exc:
+            if exc.details.get("same_entry"):
+                # Applied already, by a consumer that stalled before acknowledging it: not a rejection.
+                log.info("completion %s was applied before; acknowledged", entry_id)
+            else:
+                self._reject(entry_id, token, by, exc.code, exc.message)
         except AgentsError as exc:
             self._reject(entry_id, token, by, exc.code, exc.message)
-        except (redis.ConnectionError, redis.TimeoutError):
-            raise
         except Exception as exc:  # a bug or a script error on this entry: never block the stream on it
             log.exception("completion %s could not be applied", entry_id)
             self._reject(entry_id, token, by, "apply_failed", f"{type(exc).__name__}: {exc}")
-        self.stream.ack(entry_id)
+        # Through an outage like the completion itself: unacknowledged, the next consumer takes it again.
+        store.through_outage(lambda: self.stream.ack(entry_id))
         return done
 
+    def _decide(self, token: str, fields: dict[str, str], entry_id: str) -> CompletionOutcome:
+        """`decision approve|reject [arguments JSON] [digest HEX] [reason TEXT] [by NAME]`."""
+        if not token:
+            raise InvalidResult("the entry has no token field")
+        kind = fields["decision"].strip().lower()
+        if kind not in ("approve", "reject"):
+            raise InvalidInput(f"decision is approve or reject, not {fields['decision'][:40]!r}")
+        arguments = None
+        if fields.get("arguments") is not None:
+            try:
+                arguments = load_json(fields["arguments"])
+            except (json.JSONDecodeError, UnusableJson) as exc:
+                raise InvalidArguments(f"the arguments are not JSON celery-agents can use: {exc}") from None
+        return decide(
+            self.store,
+            token,
+            "approve" if kind == "approve" else "reject",
+            arguments=arguments,
+            digest=fields.get("digest") or None,
+            reason=fields.get("reason"),
+            by=fields.get("by") or None,
+            wake=self.wake,
+            dispatch=self.dispatch,
+            entry=entry_id,
+        )
+
     def _reject(self, entry_id: str, token: str, by: str, reason: str, message: str) -> None:
-        observe.completion(reason)
-        self.store.record_rejection(token, reason, message, by=by, entry=entry_id)
+        self.store.through_outage(lambda: self.store.record_rejection(token, reason, message, by=by, entry=entry_id))
         log.info("completion %s rejected (%s): %s", entry_id, reason, message)
 
 

@@ -2,11 +2,13 @@
 
 With `AGENTS_FAULT_PAUSE=<name>`, a worker reaching checkpoint `<name>` records it in Redis
 (`<prefix>:fault:<name>` = session id) and stops there, so a test can SIGKILL it at exactly that
-point: a step message just taken from its queue, before `begin_step` (`step_taken`); after the model
-answered (before the step commits); after a commit and before what follows is published;
-and along a sub-agent call: `child_created`, `child_committed`, `child_finished` (before its
-parent's call records it), `parent_woken` (before the parent's step is published); and in a
-command interrupted by Ctrl-C, just after its step let the session's lease go (`step_interrupted`).
+point: a step message just taken from its queue, before `begin_step` (`step_taken`); a step just
+begun, its lease held, before its model call (`step_begun`); right before the model is asked
+(`before_llm`: the queue read, an interrupt not yet looked at); after the model answered (before the
+step commits, `after_llm`); after a commit and before what follows is published; and along a sub-agent call:
+`child_created`, `child_committed`, `child_finished` (before its parent's call records it),
+`parent_woken` (before the parent's step is published); and in a command interrupted by Ctrl-C,
+just after its step let the session's lease go (`step_interrupted`).
 With `AGENTS_FAULT_CLOCK_SHIFT=<seconds>`, a worker's wall clock reads that far off (`shift_clock`),
 as on a host whose clock is wrong. Both are read with the worker's settings (`config.Settings`).
 """

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from celery_agents.model import AgentSpec, CallState, SessionHeader, Status, TrackedCall, UserQuery
+from celery_agents.model import AgentSpec, CallMeta, CallState, SessionHeader, Status, TrackedCall, UserQuery
 from celery_agents.runtime.faults import checkpoint
 from celery_agents.store import Finished, Store, outcome_json
 
@@ -28,11 +28,15 @@ class ChildRun:
     started: bool = False
     version: int = 0
     finished: Finished | None = None
+    #: the child's priority (its first step is published with it)
+    priority: int = 5
 
 
 def run_child_call(store: Store, session_id: str, call: TrackedCall, agent: AgentSpec) -> ChildRun:
     """Start the call's child session if it does not exist yet; else record its end if it ended."""
-    child = str(call.meta["child"])
+    child = call.meta.child
+    if child is None:  # `dispatched_refusal` refuses a sub-agent call naming no child before this
+        raise ValueError(f"the sub-agent call {call.field} of {session_id} names no child session")
     sub = agent.sub_agent(call.tool)
     prompt = str(call.arguments.get("prompt", "")) if isinstance(call.arguments, dict) else ""
     refusal = _refusal(store, call, sub is None, prompt)
@@ -40,7 +44,8 @@ def run_child_call(store: Store, session_id: str, call: TrackedCall, agent: Agen
         body = outcome_json(CallState.FAILED, error=refusal, now=time.time(), attempts=0)
         event = {"call_id": call.call_id, "tool": call.tool, "state": CallState.FAILED.value}
         return ChildRun(child, finished=store.record_result(session_id, call.field, body, event))
-    if store.start_child(session_id, call.field, child, sub, UserQuery(text=prompt)):
+    priority = store.start_child(session_id, call.field, child, sub, UserQuery(text=prompt))
+    if priority is not None:
         checkpoint("child_created", store, child)
         if store.header(session_id).status == Status.CANCELLED:
             # Cancelled while the child was being made: the cancel may have looked for children
@@ -48,7 +53,7 @@ def run_child_call(store: Store, session_id: str, call: TrackedCall, agent: Agen
             store.cancel(child)
             return ChildRun(child)
         _recheck_later(store, session_id, call)
-        return ChildRun(child, started=True, version=1)
+        return ChildRun(child, started=True, version=1, priority=priority)
     finished = settle_parent(store, store.header(child))
     if finished is None:
         _recheck_later(store, session_id, call)
@@ -76,7 +81,7 @@ def _recheck_later(store: Store, session_id: str, call: TrackedCall) -> None:
 def child_outcome(child: SessionHeader) -> str | None:
     """The outcome a parent's call records for its ended child (None while the child goes on)."""
     now = time.time()
-    meta = {"child": child.session_id}
+    meta = CallMeta(child=child.session_id)
     if child.status == Status.COMPLETED:
         return outcome_json(CallState.COMPLETED, result=child.response or "", now=now, attempts=1, meta=meta)
     if child.status == Status.FAILED:

@@ -3,11 +3,10 @@
 No I/O happens here; the outside world comes in through `ports`.
 """
 
+from celery_agents.model.policy import disposition_for
 from celery_agents.scheduler.machine import Event, Snapshot, Transition, advance, response_for, responses_turn
 from celery_agents.scheduler.messages import build_messages, tool_content
-from celery_agents.scheduler.policy import disposition_for
 from celery_agents.scheduler.ports import (
-    CallOutcome,
     Clock,
     Ids,
     LlmFailure,
@@ -18,7 +17,6 @@ from celery_agents.scheduler.ports import (
 )
 
 __all__ = [
-    "CallOutcome",
     "Clock",
     "Event",
     "Ids",

@@ -18,14 +18,18 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from celery_agents.errors import BudgetExceeded
 from celery_agents.model import (
     AgentSpec,
+    CallMeta,
+    CallOutcome,
     CallState,
     ErrorInfo,
     EventType,
     LlmTurn,
     Media,
     SessionHeader,
+    Spend,
     State,
     Status,
     ToolCall,
@@ -35,11 +39,14 @@ from celery_agents.model import (
     UserQuery,
     UserTurn,
     arguments_not_an_object,
+    call_digest,
     child_session_id,
 )
+from celery_agents.model.budget import MODEL_KINDS, TOOL_KINDS, BudgetScope, Pricing
+from celery_agents.model.policy import disposition_for
+from celery_agents.scheduler.budget import over_budget
 from celery_agents.scheduler.messages import build_messages
-from celery_agents.scheduler.policy import disposition_for
-from celery_agents.scheduler.ports import CallOutcome, LlmFailure, LlmRequest, Ports
+from celery_agents.scheduler.ports import BudgetClaim, LlmFailure, LlmInterrupted, LlmRequest, Ports
 
 
 @dataclass
@@ -54,6 +61,11 @@ class Snapshot:
     calls: list[TrackedCall] = field(default_factory=list)
     #: user messages sent meanwhile, oldest first: the next model call delivers them
     inbox: list[UserQuery] = field(default_factory=list)
+    #: the limits and spend of the session and of each session above it that has a budget
+    budgets: list[BudgetScope] = field(default_factory=list)
+    #: a rerun's recorded outcomes by call digest (tool and arguments): a call the origin ran
+    #: takes its outcome instead of running (`session rerun`; empty otherwise)
+    recorded: dict[str, CallOutcome] = field(default_factory=dict)
 
 
 @dataclass
@@ -84,6 +96,8 @@ class Transition:
     counts_as_step: bool = True
     #: how many of the oldest queued user messages this step delivered (its commit removes them)
     inbox_taken: int = 0
+    #: what the step spent (its model call, the tool calls it started), added by its commit
+    spend: Spend = field(default_factory=Spend)
 
     @property
     def unfinished(self) -> list[TrackedCall]:
@@ -127,8 +141,13 @@ def responses_turn(calls: list[TrackedCall], now: float) -> UserTurn:
 def response_for(call: TrackedCall) -> ToolResponse:
     """What the model is told about a final call."""
     if call.state == CallState.COMPLETED:
-        media = [Media.model_validate(m) for m in call.meta.get("media", [])]
+        media = [Media.model_validate(m) for m in call.meta.media or []]
         return ToolResponse(call_id=call.call_id, tool=call.tool, content=call.result, media=media)
+    if call.state == CallState.EXPIRED and call.then is not None:
+        text = "expired: no decision arrived before the deadline, and the call did not run."
+        if call.reason:
+            text += f" (It was waiting for: {call.reason}.)"
+        return ToolResponse(call_id=call.call_id, tool=call.tool, content=text, is_error=True)
     if call.state == CallState.EXPIRED:
         text = "No result arrived before the deadline: the call expired and its result will not come."
         if call.reason:
@@ -179,6 +198,11 @@ def _call_model_on(snap: Snapshot, ports: Ports, folded: UserTurn | None) -> Tra
         refused = _fail("llm", err, head_before, prefix)
         refused.counts_as_step = False  # no model call was made: the limit is not spent on the refusal
         return refused
+    over = over_budget(snap.budgets, MODEL_KINDS, own=h.session_id)
+    if over is not None:
+        stopped = _fail("llm", over, head_before, prefix)
+        stopped.counts_as_step = False
+        return stopped
     turns = [*snap.turns, *prefix]
     request = LlmRequest(
         agent=snap.agent,
@@ -187,11 +211,25 @@ def _call_model_on(snap: Snapshot, ports: Ports, folded: UserTurn | None) -> Tra
         session_id=h.session_id,
         version=h.version,
     )
+    claim = ports.budget.claim_model(request)  # the budgets above, which siblings spend at once
+    if not claim.granted:
+        stopped = _fail("llm", _refusal(claim), head_before, prefix)
+        stopped.counts_as_step = False
+        return stopped
     try:
         turn = ports.llm.complete(request)
+    except LlmInterrupted as exc:
+        return _interrupted(h, prefix, head_before, exc, snap.agent.pricing)
     except LlmFailure as exc:
-        return _fail("llm", ErrorInfo(code=exc.code, message=exc.message, transient=exc.transient), head_before, prefix)
+        failed = _fail(
+            "llm", ErrorInfo(code=exc.code, message=exc.message, transient=exc.transient), head_before, prefix
+        )
+        failed.spend = Spend(model_calls=1)
+        return failed
     turn = _normalise_call_ids(turn, ports)
+    if snap.agent.pricing is not None:  # the agent file's prices, not litellm's
+        turn = turn.model_copy(update={"usage": snap.agent.pricing.priced(turn.usage)})
+    spend = model_spend(turn.usage)
     event = Event(
         EventType.LLM_CALLED,
         {
@@ -210,10 +248,52 @@ def _call_model_on(snap: Snapshot, ports: Ports, folded: UserTurn | None) -> Tra
             response=turn.text or "",
             usage=turn.usage,
             events=[event, Event(EventType.COMPLETED, {})],
+            spend=spend,
         )
     return Transition(
-        kind="llm", new_turns=[*prefix, turn], head="LlmTurn", state=State.TOOLS, usage=turn.usage, events=[event]
+        kind="llm",
+        new_turns=[*prefix, turn],
+        head="LlmTurn",
+        state=State.TOOLS,
+        usage=turn.usage,
+        events=[event],
+        spend=spend,
     )
+
+
+def _interrupted(
+    h: SessionHeader,
+    prefix: list[UserTurn | LlmTurn],
+    head_before: str | None,
+    exc: LlmInterrupted,
+    pricing: Pricing | None,
+) -> Transition:
+    """A message sent with `--interrupt` cancelled the model call: nothing of its answer is kept,
+    what it spent is counted (at the agent file's `pricing` when it gives one), and the session is
+    ready for a model call that includes the message (the commit finds it queued). The turns the
+    call was given (results, messages) are kept."""
+    usage = pricing.priced(exc.usage) if pricing is not None and exc.called else exc.usage
+    spend = model_spend(usage) if exc.called else Spend()
+    event = Event(
+        EventType.MODEL_INTERRUPTED,
+        {"model": exc.model, "dropped_chars": exc.chars, "usage": usage.model_dump(exclude_defaults=True)},
+    )
+    return Transition(
+        kind="interrupted",
+        new_turns=prefix,
+        head="UserTurn" if prefix else head_before,
+        state=State.READY,
+        usage=usage,
+        events=[event],
+        counts_as_step=exc.called,
+        spend=spend,
+    )
+
+
+def model_spend(usage: Usage) -> Spend:
+    """What one model call spent: its tokens (prompt and completion) and its cost where known."""
+    tokens = usage.total_tokens or usage.prompt_tokens + usage.completion_tokens
+    return Spend(tokens=tokens, cost_usd=usage.cost or 0.0, model_calls=1)
 
 
 #: a call id the model sends is kept when it looks like this (what providers make, and what may go
@@ -260,6 +340,10 @@ def _run_tools(snap: Snapshot, turn: LlmTurn, ports: Ports) -> Transition:
         calls.append(call)
         if event is not None:
             events.append(event)
+    started, over = _within_budget(snap, calls, now, ports)
+    if over is not None:  # a gate refused by the budget asks nobody: its token is never made
+        asked = {c.call_id for c in calls if c.token}
+        events = [e for e in events if e.type != EventType.TOKEN_CREATED or e.data.get("call_id") in asked]
     # runSync calls run inline, in the model's call order.
     for i, call in enumerate(calls):
         if call.disposition == "runSync" and call.state == CallState.READY:
@@ -277,7 +361,7 @@ def _run_tools(snap: Snapshot, turn: LlmTurn, ports: Ports) -> Transition:
             )
     dispatch = [c for c in calls if c.state == CallState.RUNNING]
     if all(c.state.final for c in calls):
-        return Transition(
+        t = Transition(
             kind="tools",
             new_turns=[responses_turn(calls, ports.clock.now())],
             calls=calls,
@@ -285,9 +369,53 @@ def _run_tools(snap: Snapshot, turn: LlmTurn, ports: Ports) -> Transition:
             state=State.READY,
             events=events,
         )
-    return Transition(
-        kind="tools", calls=calls, dispatch=dispatch, head="PartialUserTurn", state=State.WAITING, events=events
-    )
+    else:
+        t = Transition(
+            kind="tools", calls=calls, dispatch=dispatch, head="PartialUserTurn", state=State.WAITING, events=events
+        )
+    t.spend = Spend(tool_calls=started)
+    if over is not None:
+        # Stopped by its budget: the calls within it ran (or were dispatched), the others are
+        # answered with an error and never run; the session fails, resumable with a grant.
+        t.state, t.status, t.error = State.FAILED, Status.FAILED, over
+        t.events.append(Event(EventType.FAILED, {"code": over.code, "message": over.message}))
+    return t
+
+
+def _starts(call: TrackedCall) -> bool:
+    """The call runs a tool now (inline, or dispatched: a sub-agent call starts a session), or
+    once a person approves it (a gate: it is counted when asked, never again when it runs)."""
+    if call.state == CallState.DEFERRED:
+        return call.then is not None
+    return call.state == CallState.RUNNING or (call.disposition == "runSync" and call.state == CallState.READY)
+
+
+def _within_budget(snap: Snapshot, calls: list[TrackedCall], now: float, ports: Ports) -> tuple[int, ErrorInfo | None]:
+    """Check the budget before the calls that would start, in the model's call order: the
+    session's own (read with it), then the budgets above it (claimed through the port, against
+    what siblings have in flight). The calls from the first one refused on are failed in `calls`
+    (never run). Returns how many start and the refusal, if any."""
+    starting = [i for i, call in enumerate(calls) if _starts(call)]
+    allowed, over = len(starting), None
+    for n in range(len(starting)):
+        over = over_budget(snap.budgets, TOOL_KINDS, Spend(tool_calls=n), own=snap.header.session_id)
+        if over is not None:
+            allowed = n
+            break
+    if allowed:
+        claim = ports.budget.claim_tools(allowed)
+        if claim.granted < allowed:
+            allowed, over = claim.granted, _refusal(claim)
+    for i in starting[allowed:]:
+        text = f"not run: {over.message if over else 'budget exceeded'}"
+        unasked = calls[i].model_copy(update={"token": None, "expires_at": None})
+        calls[i] = _finish(unasked, CallOutcome(state="failed", attempts=0, error=text), now)
+    return allowed, over
+
+
+def _refusal(claim: BudgetClaim) -> ErrorInfo:
+    """The error of a claim that did not grant all it was asked."""
+    return claim.refusal or ErrorInfo(code=BudgetExceeded.code, message="budget exceeded")
 
 
 def _prompt_error(args: Any) -> str | None:
@@ -303,8 +431,10 @@ def _track(snap: Snapshot, turn: LlmTurn, position: int, now: float, ports: Port
     once (too many calls, no such tool, bad arguments), deferred behind a token, dispatched, or
     ready to run inline; and the event that says so."""
     agent, tc = snap.agent, turn.tool_calls[position]
-    disp = disposition_for(agent, tc.name)
     args, arg_error = _parse_arguments(tc.name, tc.arguments)
+    disp = disposition_for(agent, tc.name, args if arg_error is None else None)
+    if disp.then is not None and granted(snap.header.grants, agent, tc.name):
+        disp = disp.then  # approved for the rest of the session: runs as approved gates run
     call = TrackedCall(
         call_id=tc.id,
         tool=tc.name,
@@ -313,6 +443,7 @@ def _track(snap: Snapshot, turn: LlmTurn, position: int, now: float, ports: Port
         batch=len(snap.turns) - 1,
         position=position,
         disposition=disp.tag,
+        then=disp.then.tag if disp.then is not None else None,
         reason=disp.reason,
         created_at=now,
     )
@@ -320,12 +451,25 @@ def _track(snap: Snapshot, turn: LlmTurn, position: int, now: float, ports: Port
         return _finish(call, CallOutcome(state="failed", attempts=0, error=_too_many(turn, agent)), now), None
     if agent.sub_agent(tc.name) is not None:
         # A delegation names its child session now: an id derived from the call (one child per call).
+        # Deferred, it is an approval gate whose `then` starts that child.
         arg_error = arg_error or _prompt_error(args)
-        call = call.model_copy(update={"meta": {"child": child_session_id(snap.header.session_id, call.field)}})
+        update: dict[str, Any] = {"meta": CallMeta(child=child_session_id(snap.header.session_id, call.field))}
+        if disp.tag == "defer":
+            update["then"] = "runAsync"
+        call = call.model_copy(update=update)
     elif agent.tool(tc.name) is None:
         return _finish(call, CallOutcome(state="failed", attempts=0, error=agent.no_tool_named(tc.name)), now), None
     if arg_error is not None:
         return _finish(call, CallOutcome(state="failed", attempts=0, error=arg_error), now), None
+    recorded = snap.recorded.get(call.digest())
+    if recorded is not None:
+        # A rerun: the origin ran this very call (same tool, same arguments); its outcome is reused
+        # whatever the disposition, so nothing runs twice and nobody is asked twice.
+        reused = _finish(call.model_copy(update={"meta": CallMeta()}), recorded, now)
+        return reused, Event(
+            EventType.TOOL_FINISHED,
+            {"call_id": call.call_id, "tool": call.tool, "state": reused.state.value, "reused": True},
+        )
     if disp.tag == "defer":
         timeout = disp.timeout_seconds or agent.defer_timeout_seconds
         token = ports.ids.token(snap.header.session_id)
@@ -339,6 +483,54 @@ def _track(snap: Snapshot, turn: LlmTurn, position: int, now: float, ports: Port
             EventType.TOOL_DISPATCHED, {"call_id": call.call_id, "tool": call.tool, "disposition": disp.tag}
         )
     return call, None
+
+
+def rebound_call(agent: AgentSpec, session_id: str, call: TrackedCall, now: float, token: str) -> TrackedCall:
+    """An unfinished call copied into a fork bound to `agent`, as that agent would have tracked
+    it: the disposition its policy gives the call (never the one the origin's agent gave), a new
+    wait behind `token` when deferred, dispatched when it runs on its own lane, a child of the
+    fork's for a sub-agent. Not run (failed, and the model is told) when `agent` has no such tool
+    or runs it inline: the step that runs inline calls was the origin's."""
+    disp = disposition_for(agent, call.tool, call.arguments)
+    update: dict[str, Any] = {
+        "disposition": disp.tag,
+        "then": disp.then.tag if disp.then is not None else None,
+        "reason": disp.reason,
+        "token": None,
+        "expires_at": None,
+    }
+    delegation = agent.sub_agent(call.tool) is not None
+    if delegation:
+        update["meta"] = call.meta | CallMeta(child=child_session_id(session_id, call.field))
+        if disp.tag == "defer":
+            update["then"] = "runAsync"
+    elif agent.tool(call.tool) is None:
+        failed = CallOutcome(state="failed", attempts=0, error=agent.no_tool_named(call.tool))
+        return _finish(call.model_copy(update=update), failed, now)
+    if disp.tag == "defer":
+        timeout = disp.timeout_seconds or agent.defer_timeout_seconds
+        update.update(state=CallState.DEFERRED, token=token, expires_at=now + timeout)
+    elif disp.tag in ("runAsync", "runIsolated") or delegation:
+        update.update(state=CallState.RUNNING)
+    else:
+        why = (
+            f"not run: the agent of this fork runs {call.tool} in its step ({disp.tag}), and that step "
+            "was its origin's; ask again for it if it is still needed"
+        )
+        return _finish(call.model_copy(update=update), CallOutcome(state="failed", attempts=0, error=why), now)
+    return call.model_copy(update=update)
+
+
+def granted(grants: dict[str, str], agent: AgentSpec, tool_name: str) -> bool:
+    """A person approved `tool_name` for the rest of the session, and its schema is the one they saw."""
+    tool = agent.tool(tool_name)
+    digest = grants.get(tool_name)
+    return digest is not None and tool is not None and digest == schema_digest(tool.parameters)
+
+
+def schema_digest(parameters: dict[str, Any]) -> str:
+    """What a grant is bound to: the tool's `parameters` schema (canonical JSON, SHA-256)."""
+    return call_digest("", parameters)
 
 
 def _run_inline(snap: Snapshot, call: TrackedCall, ports: Ports) -> TrackedCall:
@@ -359,7 +551,7 @@ def _too_many(turn: LlmTurn, agent: AgentSpec) -> str:
 
 def _finish(call: TrackedCall, outcome: CallOutcome, now: float) -> TrackedCall:
     state = outcome.call_state
-    meta = {**call.meta, **outcome.stored_meta()}
+    meta = call.meta | outcome.stored_meta()
     return call.model_copy(
         update={
             "state": state,

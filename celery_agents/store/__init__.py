@@ -3,13 +3,18 @@
 Nothing here knows about Celery or the model.
 """
 
-from celery_agents.store.connection import broker_url, client_for_url, state_url
+# First: redis-py is loaded with OpenTelemetry out of its sight (connection.py says why).
+import celery_agents.store.connection  # noqa: F401  # isort: skip
+from celery_agents.store.calls import Decision
+from celery_agents.store.connection import broker_url, client_for_url, is_sentinel_url, state_url
 from celery_agents.store.embedded import EmbeddedRedis
 from celery_agents.store.keys import FINISHED_STATES, Keys
 from celery_agents.store.store import (
     Begun,
     Committed,
+    Delta,
     Finished,
+    InterruptWatch,
     LeaseLost,
     Loaded,
     Store,
@@ -28,9 +33,12 @@ __all__ = [
     "Begun",
     "Committed",
     "CompletionStream",
+    "Decision",
+    "Delta",
     "EmbeddedRedis",
     "Finished",
     "GroupState",
+    "InterruptWatch",
     "Keys",
     "LeaseLost",
     "Loaded",
@@ -40,6 +48,7 @@ __all__ = [
     "check_session_id",
     "client_for_url",
     "completion_json",
+    "is_sentinel_url",
     "new_session_id",
     "new_token",
     "outcome_json",

@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import ConfigDict, TypeAdapter
 
-from celery_agents.model import CallState, LlmTurn, PendingCall, StoredTurn, TrackedCall, UserTurn
+from celery_agents.model import CallMeta, CallState, LlmTurn, PendingCall, StoredTurn, TrackedCall, UserTurn
 
 # Built on first use, like the turn models: commands that read no transcript (`pending`) skip it.
 STORED_TURN: TypeAdapter[UserTurn | LlmTurn] = TypeAdapter(StoredTurn, config=ConfigDict(defer_build=True))
@@ -54,7 +54,7 @@ def outcome_json(
     exit_status: int | None = None,
     attempts: int | None = None,
     completed_by: str | None = None,
-    meta: dict[str, Any] | None = None,
+    meta: CallMeta | None = None,
     started_at: float | None = None,
 ) -> str:
     """The JSON a final outcome is recorded as (merged over the call when read)."""
@@ -68,7 +68,7 @@ def outcome_json(
         ("exit_status", exit_status),
         ("attempts", attempts),
         ("completed_by", completed_by),
-        ("meta", meta),
+        ("meta", meta.stored() if meta else None),
         ("started_at", started_at),
     ):
         if v is not None:
@@ -122,6 +122,9 @@ def pending_view(session_id: str, call: TrackedCall, started: bool = True) -> Pe
         token=call.token if call.state == CallState.DEFERRED else None,
         created_at=call.created_at,
         expires_at=call.expires_at,
+        kind=("approval" if call.then else "result") if call.state == CallState.DEFERRED else None,
+        then=call.then,
+        digest=call.digest() if call.state == CallState.DEFERRED else None,
     )
 
 
@@ -132,4 +135,6 @@ def token_message(status: str, token: str) -> str:
         "completed": f"token {short!r} was already completed",
         "expired": f"token {short!r} expired: its deadline passed and the model was told no result came",
         "cancelled": f"token {short!r} was cancelled with its session",
+        "not_an_approval": f"token {short!r} is not an approval gate: a person supplies its result (complete it)",
+        "digest_mismatch": f"token {short!r} waits on another call than the one decided on (the digest differs)",
     }.get(status, f"token {short!r} cannot be completed ({status})")

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from celery_agents.model import CallState, LlmTurn, SessionHeader, State, Status, TrackedCall, UserTurn
+from celery_agents.model import CallState, LlmTurn, SessionHeader, Spend, State, Status, TrackedCall, UserTurn
+from celery_agents.store.budget import HeldClaim
 from celery_agents.store.codec import turn_digest
+from celery_agents.store.counters import CounterKey, counter_field
 from celery_agents.store.header import ERROR_CODE, header_to_hash
+from celery_agents.store.summary import step_summary
 
 if TYPE_CHECKING:  # the scheduler is imported by steps, not by commands that only read
     from celery_agents.scheduler import Transition
@@ -50,6 +53,18 @@ class CommitRecord:
     base_digest: str
     #: how many of the oldest queued user messages the step delivered (the commit removes them)
     inbox_taken: int = 0
+    #: what the step counted (model calls, tokens, inline tool calls), for the fleet's counters
+    counts: Mapping[CounterKey, int] = field(default_factory=dict)
+    #: what the step spent (its model call, the tool calls it started)
+    spend: Spend = field(default_factory=Spend)
+    #: the sessions above this one, its parent first: the spend is theirs too
+    above: tuple[str, ...] = ()
+    #: what the step did, in one line (`session history`)
+    summary: str = ""
+    #: the ids of the deltas its model call streamed to the session's events: the commit deletes them
+    deltas: tuple[str, ...] = ()
+    #: the step's claims on the budgets above it (store/budget.py): the commit ends them
+    claim: HeldClaim | None = None
 
     @property
     def turns_digest(self) -> str:
@@ -86,22 +101,36 @@ class CommitRecord:
             "batch_size": len(self.calls),
             "pending": [[c.field, int(c.created_at * 1000)] for c in self.calls if not c.state.final],
             "dispatched": [c.field for c in self.calls if c.state == CallState.RUNNING],
-            "tokens": [
-                [
-                    c.field,
-                    int((c.expires_at or 0) * 1000),
-                    c.call_id,
-                    c.tool,
-                    c.digest(),
-                    c.reason or "",
-                    str(c.meta.get("child") or ""),
-                ]
-                for c in self.tokens
-            ],
+            "tokens": [token_record(c) for c in self.tokens],
             "events": [list(e) for e in self.events],
             "inbox_taken": self.inbox_taken,
+            "counts": [[counter_field(k), n] for k, n in self.counts.items() if n],
+            "n_above": len(self.above),
+            "summary": self.summary,
         }
+        if not self.spend.nothing:
+            sp = self.spend
+            body["spend"] = [sp.tokens, sp.cost_usd, sp.model_calls, sp.tool_calls]
+        if self.deltas:
+            body["deltas"] = list(self.deltas)
+        if self.claim is not None:
+            body["claim"], body["n_claims"] = self.claim.member, len(self.claim.above)
         return json.dumps(body, ensure_ascii=False)
+
+
+def token_record(c: TrackedCall) -> list[Any]:
+    """A deferred call's token as commit_step.lua and fork_session.lua create it: field, deadline
+    (ms), call id, tool, digest, reason, child, gate."""
+    return [
+        c.field,
+        int((c.expires_at or 0) * 1000),
+        c.call_id,
+        c.tool,
+        c.digest(),
+        c.reason or "",
+        c.meta.child or "",
+        c.then or "",
+    ]
 
 
 def commit_record(
@@ -111,9 +140,14 @@ def commit_record(
     *,
     request: str = "",
     calls: list[TrackedCall] | None = None,
+    counts: Mapping[CounterKey, int] | None = None,
+    deltas: tuple[str, ...] = (),
+    claim: HeldClaim | None = None,
 ) -> CommitRecord:
     """The record committing what `advance` decided for the session in `header` (`calls`: the
-    calls to write instead of the transition's)."""
+    calls to write instead of the transition's; `counts`: what the step counted; `deltas`: the
+    ids of the live output its model call wrote, deleted by the commit; `claim`: its claims on the
+    budgets above, ended by the commit)."""
     turn_jsons = tuple(turn.model_dump_json(exclude_none=True) for turn in t.new_turns)
     after = header.model_copy(
         update={
@@ -127,6 +161,7 @@ def commit_record(
         }
     )
     stored = header_to_hash(after)
+    written = tuple(t.calls if calls is None else calls)
     return CommitRecord(
         session_id=header.session_id,
         version=header.version,
@@ -135,7 +170,7 @@ def commit_record(
         request=request,
         turns=tuple(t.new_turns),
         turn_jsons=turn_jsons,
-        calls=tuple(t.calls if calls is None else calls),
+        calls=written,
         meta={name: stored[name] for name in _SET_FIELDS},
         state=t.state,
         steps_inc=1 if t.counts_as_step else 0,
@@ -144,4 +179,10 @@ def commit_record(
         base_turn_count=header.turn_count,
         base_digest=header.turns_digest,
         inbox_taken=t.inbox_taken,
+        counts=dict(counts or {}),
+        spend=t.spend,
+        above=tuple(header.ancestors),
+        summary=step_summary(t.kind, t.new_turns, written),
+        deltas=deltas,
+        claim=claim,
     )

@@ -1,13 +1,51 @@
-"""Opening the Redis that holds sessions: `AGENTS_REDIS_URL`, or the embedded local default."""
+"""Opening the Redis that holds sessions: `AGENTS_REDIS_URL`, or the embedded local default; and
+naming the Celery broker that goes with it.
+
+`redis://`, `rediss://` and `unix://` URLs open one server. `redis+sentinel://` (`rediss+sentinel://`
+for TLS) names Sentinel instead: `redis+sentinel://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…]/MASTER[/DB]`.
+The state client then asks the sentinels which server is the master before each new connection
+(redis-py's `Sentinel.master_for`): after a failover, the connections to the old master fail, are
+dropped, and the next ones go to the promoted replica, so a worker follows the master without a
+restart. Unless `AGENTS_BROKER_URL` says otherwise the queues follow the same sentinels through
+kombu's `sentinel://` transport. The credentials in the URL are the Redis servers'; sentinels that
+ask for a password of their own get it from `?sentinel_password=` (and `sentinel_username=`).
+"""
 
 from __future__ import annotations
 
-import redis
-from redis.backoff import ExponentialBackoff
-from redis.retry import Retry
+import ssl
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qsl, quote, unquote
 
-from celery_agents.config import Settings
-from celery_agents.store.embedded import EmbeddedRedis
+
+def _import_redis() -> None:
+    """Import redis-py with OpenTelemetry out of its sight. redis-py 8 imports OpenTelemetry's
+    metrics API and SDK when they are installed (extra `otel`), for client metrics that stay off
+    unless a program turns them on, which celery-agents never does; that import was ~40% of a CLI
+    start (`agents session pending`). Hidden only while redis-py loads: tracing, if on, imports
+    OpenTelemetry afterwards as usual."""
+    if "redis" in sys.modules or "opentelemetry" in sys.modules:
+        return
+    sys.modules["opentelemetry"] = None  # type: ignore[assignment]  # an import of it raises ImportError
+    try:
+        import redis  # noqa: F401
+    finally:
+        del sys.modules["opentelemetry"]
+
+
+_import_redis()
+
+import redis  # noqa: E402
+import redis.client  # noqa: E402
+from redis.backoff import ExponentialBackoff  # noqa: E402
+from redis.retry import Retry  # noqa: E402
+from redis.sentinel import Sentinel  # noqa: E402
+
+from celery_agents.config import Settings  # noqa: E402
+from celery_agents.errors import RedisRefused, RedisUnavailable  # noqa: E402
+from celery_agents.store.embedded import EmbeddedRedis  # noqa: E402
 
 #: Connections one client may open at once. A steps process runs up to 200 steps on threads (more
 #: with `--step-threads`), each with a Redis call in flight; redis-py 8 caps a pool at 100 unless
@@ -15,22 +53,209 @@ from celery_agents.store.embedded import EmbeddedRedis
 #: `maxclients` defaults to 10,000: the pool opens only what its threads use at once.
 MAX_CONNECTIONS = 10_000
 
+SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
+SENTINEL_FORM = "redis+sentinel://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…]/MASTER[/DB] (rediss+sentinel:// for TLS)"
+SENTINEL_PORT = 26379
 
-def client_for_url(url: str) -> redis.Redis:
-    """A client for a `redis://`, `rediss://` or `unix://` URL (passwords and ACL users included)."""
-    return redis.Redis.from_url(
-        url,
-        max_connections=MAX_CONNECTIONS,
+_CERT_REQS = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
+_SSL_OPTIONS = ("ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
+_SENTINEL_AUTH = ("sentinel_username", "sentinel_password")
+
+
+@dataclass(frozen=True)
+class SentinelUrl:
+    """What a `redis+sentinel://` URL names."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    master: str
+    db: int = 0
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    tls: bool = False
+    #: TLS options of the query (`ssl_cert_reqs` as an `ssl` constant), for masters and sentinels
+    ssl_options: dict[str, Any] = field(default_factory=dict)
+    sentinel_username: str | None = None
+    sentinel_password: str | None = field(default=None, repr=False)
+
+
+def is_sentinel_url(url: str | None) -> bool:
+    return bool(url) and str(url).split("://", 1)[0].lower() in SENTINEL_SCHEMES
+
+
+def parse_sentinel_url(url: str) -> SentinelUrl:
+    """The parts of a `redis+sentinel://` URL; ValueError naming what is wrong and the form."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() not in SENTINEL_SCHEMES:
+        raise _bad(f"{scheme or url!r} is not a Sentinel URL scheme")
+    rest, _, query = rest.partition("?")
+    netloc, _, path = rest.partition("/")
+    credentials, at, hosts = netloc.rpartition("@")
+    username, password = _credentials(credentials) if at else (None, None)
+    sentinels = tuple(_host(h) for h in hosts.split(",") if h.strip())
+    if not sentinels:
+        raise _bad("no sentinel HOST:PORT")
+    parts = [p for p in path.split("/") if p]
+    if not parts:
+        raise _bad("no MASTER (the name the sentinels monitor the primary by)")
+    if len(parts) > 2:
+        raise _bad(f"the path {path!r} is more than MASTER/DB")
+    db = parts[1] if len(parts) == 2 else "0"
+    if not db.isdigit():
+        raise _bad(f"DB {db!r} is not a database number")
+    options = dict(parse_qsl(query, keep_blank_values=True))
+    unknown = sorted(set(options) - set(_SSL_OPTIONS) - set(_SENTINEL_AUTH))
+    if unknown:
+        raise _bad(f"unknown option {', '.join(unknown)} (known: {', '.join(_SSL_OPTIONS + _SENTINEL_AUTH)})")
+    return SentinelUrl(
+        sentinels=sentinels,
+        master=unquote(parts[0]),
+        db=int(db),
+        username=username,
+        password=password,
+        tls=scheme.lower() == "rediss+sentinel",
+        ssl_options=_ssl_options(options),
+        sentinel_username=options.get("sentinel_username"),
+        sentinel_password=options.get("sentinel_password"),
+    )
+
+
+def _bad(why: str) -> ValueError:
+    return ValueError(f"invalid Sentinel URL: {why}; the form is {SENTINEL_FORM}")
+
+
+def _credentials(text: str) -> tuple[str | None, str | None]:
+    user, colon, password = text.partition(":")
+    return (unquote(user) or None), (unquote(password) if colon else None)
+
+
+def _host(text: str) -> tuple[str, int]:
+    text = text.strip()
+    if text.startswith("["):  # [IPv6]:PORT
+        host, _, port = text[1:].partition("]")
+        port = port.removeprefix(":")
+    else:
+        host, _, port = text.partition(":")
+    if not host:
+        raise _bad(f"no HOST in {text!r}")
+    if port and not port.isdigit():
+        raise _bad(f"{port!r} is not a port")
+    return host, int(port) if port else SENTINEL_PORT
+
+
+def _ssl_options(options: dict[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {k: v for k, v in options.items() if k in _SSL_OPTIONS}
+    if "ssl_cert_reqs" in out:
+        reqs = out["ssl_cert_reqs"].lower()
+        if reqs not in _CERT_REQS:
+            raise _bad(f"ssl_cert_reqs={reqs!r} is none of {', '.join(_CERT_REQS)}")
+        out["ssl_cert_reqs"] = _CERT_REQS[reqs]
+    return out
+
+
+#: redis-py's errors that mean Redis is out of reach (BusyLoadingError is a ConnectionError)
+_UNREACHED = (redis.ConnectionError, redis.TimeoutError)
+
+
+_OURS: dict[type[redis.RedisError], type[redis.RedisError]] = {}
+
+
+def _as_ours(kind: type[redis.RedisError]) -> type[redis.RedisError]:
+    """redis-py's error class `kind`, made also the project's `RedisUnavailable` (out of reach) or
+    `RedisRefused` (an error reply): code in the store that handles redis-py's errors by their
+    class (a `WatchError`, NOGROUP, NOSCRIPT in redis-py's own `Script`) goes on seeing them as
+    before, and everything above the store sees the project's."""
+    if kind not in _OURS:
+        ours = RedisUnavailable if issubclass(kind, _UNREACHED) else RedisRefused
+        _OURS[kind] = type(kind.__name__, (kind, ours), {"__module__": kind.__module__})
+    return _OURS[kind]
+
+
+def translated(exc: redis.RedisError) -> redis.RedisError:
+    """`exc` as the same redis-py error that is also the project's `redis_unavailable`."""
+    if isinstance(exc, (RedisUnavailable, RedisRefused)):
+        return exc
+    ours = _as_ours(type(exc))
+    new = ours.__new__(ours, *exc.args)
+    new.args = exc.args
+    new.__dict__.update(exc.__dict__)
+    reached = isinstance(exc, _UNREACHED)
+    new.message = f"cannot reach Redis: {exc}" if reached else f"Redis refused a command: {exc}"  # type: ignore[attr-defined]
+    new.details = {}  # type: ignore[attr-defined]
+    new.__traceback__ = exc.__traceback__
+    return new
+
+
+class StateRedis(redis.Redis):
+    """The client of the Redis that holds sessions. Its failures are translated once, here: every
+    error a command or a pipeline raises is also a `RedisUnavailable` or a `RedisRefused`, so the
+    runtime, the CLI and the HTTP API handle the project's errors and never import redis-py."""
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        try:
+            return super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
+        except redis.RedisError as exc:
+            raise translated(exc) from None
+
+    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> redis.client.Pipeline:
+        return StatePipeline(self.connection_pool, self.response_callbacks, transaction, shard_hint)
+
+
+class StatePipeline(redis.client.Pipeline):
+    """A pipeline of `StateRedis`: its errors translated the same way."""
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        try:
+            return super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
+        except redis.RedisError as exc:
+            raise translated(exc) from None
+
+    def execute(self, raise_on_error: bool = True) -> list[Any]:
+        try:
+            return super().execute(raise_on_error)
+        except redis.RedisError as exc:
+            raise translated(exc) from None
+
+
+def _client_options() -> dict[str, Any]:
+    return {
+        "max_connections": MAX_CONNECTIONS,
         # The version CLIENT SETINFO reports, given rather than looked up in the installed
         # packages' metadata (importlib.metadata) by every new connection: ~5 ms of a CLI start.
-        driver_info=redis.DriverInfo(lib_version=redis.__version__),
-        decode_responses=True,
-        socket_connect_timeout=5,
-        socket_timeout=30,
-        health_check_interval=25,
-        retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 3),
-        retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+        "driver_info": redis.DriverInfo(lib_version=redis.__version__),
+        "decode_responses": True,
+        "socket_connect_timeout": 5,
+        "socket_timeout": 30,
+        "health_check_interval": 25,
+        "retry": Retry(ExponentialBackoff(cap=1.0, base=0.05), 3),
+        "retry_on_error": [redis.ConnectionError, redis.TimeoutError],
+    }
+
+
+def client_for_url(url: str) -> redis.Redis:
+    """A client for a `redis://`, `rediss://`, `unix://` or `redis+sentinel://` URL (passwords and
+    ACL users included)."""
+    if is_sentinel_url(url):
+        return _sentinel_client(parse_sentinel_url(url))
+    return StateRedis.from_url(url, **_client_options())
+
+
+def _sentinel_client(url: SentinelUrl) -> redis.Redis:
+    tls = {"ssl": True, **url.ssl_options} if url.tls else {}
+    # Sentinels answer small questions: a short timeout, so a dead one is passed over quickly.
+    asking: dict[str, Any] = {"socket_connect_timeout": 2, "socket_timeout": 2, **tls}
+    if url.sentinel_password is not None:
+        asking.update(username=url.sentinel_username, password=url.sentinel_password)
+    sentinel = Sentinel(list(url.sentinels), sentinel_kwargs=asking)  # type: ignore[no-untyped-call]
+    master: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+        url.master,
+        redis_class=StateRedis,
+        db=url.db,
+        username=url.username,
+        password=url.password,
+        **tls,
+        **_client_options(),
     )
+    return master
 
 
 def state_url(settings: Settings) -> str:
@@ -38,9 +263,53 @@ def state_url(settings: Settings) -> str:
     return settings.redis_url or EmbeddedRedis(settings.home).url
 
 
+def _broker_source(settings: Settings) -> str:
+    """`AGENTS_BROKER_URL`, else the state Redis's URL."""
+    return settings.broker_url or state_url(settings)
+
+
 def broker_url(settings: Settings) -> str:
-    """The Celery broker: `AGENTS_BROKER_URL`, else the state Redis (a unix socket as kombu names it)."""
-    if settings.broker_url:
-        return settings.broker_url
-    url = state_url(settings)
+    """The Celery broker as kombu names it: `AGENTS_BROKER_URL`, else the state Redis (a unix
+    socket as `redis+socket://`, Sentinel as kombu's `sentinel://…;sentinel://…/DB`)."""
+    url = _broker_source(settings)
+    if url.split("://", 1)[0].lower() == "sentinel":
+        raise ValueError(
+            f"AGENTS_BROKER_URL: kombu's sentinel:// form cannot name the master; write it {SENTINEL_FORM}"
+        )
+    if is_sentinel_url(url):
+        s = parse_sentinel_url(url)
+        auth = ""
+        if s.username or s.password is not None:
+            auth = quote(s.username or "", safe="") + ":" + quote(s.password or "", safe="") + "@"
+        return ";".join(f"sentinel://{auth}{_netloc(host, port)}/{s.db}" for host, port in s.sentinels)
     return "redis+socket://" + url[len("unix://") :] if url.startswith("unix://") else url
+
+
+def _netloc(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def broker_options(settings: Settings) -> dict[str, Any]:
+    """Transport options the broker URL implies: on Sentinel the master's name, and how to reach
+    the sentinels (their timeouts, TLS, their own password)."""
+    url = _broker_source(settings)
+    if not is_sentinel_url(url):
+        return {}
+    s = parse_sentinel_url(url)
+    asking: dict[str, Any] = {"socket_connect_timeout": 2, "socket_timeout": 2}
+    if s.tls:
+        asking.update(ssl=True, **s.ssl_options)
+    if s.sentinel_password is not None:
+        asking.update(username=s.sentinel_username, password=s.sentinel_password)
+    return {"master_name": s.master, "sentinel_kwargs": asking}
+
+
+def broker_ssl(settings: Settings) -> dict[str, Any] | None:
+    """Celery's `broker_use_ssl` for a `rediss+sentinel://` broker (TLS to the master), else None
+    (a `rediss://` URL carries its own)."""
+    url = _broker_source(settings)
+    if not is_sentinel_url(url):
+        return None
+    s = parse_sentinel_url(url)
+    # kombu turns TLS on only for a non-empty dict: redis-py's default, certificates required.
+    return {"ssl_cert_reqs": ssl.CERT_REQUIRED, **s.ssl_options} if s.tls else None

@@ -3,38 +3,56 @@ cache, the header read, unfinished calls and locks."""
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 import uuid
 from collections import OrderedDict
-from typing import Any, cast
+from collections.abc import Callable
+from typing import Any, Self, TypeVar, cast
 
 import redis
 from redis.lock import Lock
 
 from celery_agents.config import Settings
-from celery_agents.errors import RedisUnavailable, UnknownSession, UntrustedSpec
+from celery_agents.errors import IncompatibleData, RedisUnavailable, UnknownSession, UntrustedSpec
 from celery_agents.model import AgentSpec, SessionHeader, TrackedCall
 from celery_agents.store.codec import unfinished_rows
 from celery_agents.store.header import header_from_hash
 from celery_agents.store.ids import check_session_id
 from celery_agents.store.keys import Keys
+from celery_agents.store.outage import OutageWatch
 from celery_agents.store.records import Transcript
+from celery_agents.store.replication import ReplicaAcks
 from celery_agents.store.scripts import Scripts
 from celery_agents.store.signing import spec_verifies
+
+T = TypeVar("T")
+
+
+#: The layout of what celery-agents stores under its prefix (keys, header fields, the JSON of
+#: turns, calls and events), kept in `<prefix>:format`. A release that changes the layout raises
+#: it; 0.x releases do not migrate older data (docs/architecture.md, "Stored format").
+STORED_FORMAT = 2
 
 
 class StoreCore:
     """The Redis client, settings, keys and scripts every part of the store shares, and the reads they all need."""
 
-    def __init__(self, client: redis.Redis, settings: Settings | None = None) -> None:
+    def __init__(self, client: redis.Redis, settings: Settings | None = None, outage_seconds: float = 0.0) -> None:
+        """`outage_seconds`: how long calls wait out an unreachable Redis (a worker's store:
+        AGENTS_REDIS_OUTAGE_SECONDS); 0 raises `RedisUnavailable` at the first failure."""
         self.client = client
         self.settings = settings or Settings()
+        self.outage = OutageWatch(outage_seconds)
         self.keys = Keys(self.settings.prefix)
-        self.scripts = Scripts(client)
+        self.acks = ReplicaAcks(self.settings.replicas_to_ack)
+        self.scripts = Scripts(client, self.acks)
         self._agents: dict[str, AgentSpec] = {}
         self._turn_cache: OrderedDict[str, Transcript] = OrderedDict()
         self._turn_lock = threading.Lock()
+        #: held by the thread reading the fleet's limits again (store/admission.py)
+        self._fleet_refresh = threading.Lock()
 
     def _run(
         self,
@@ -46,17 +64,32 @@ class StoreCore:
         pipe: Any = None,
         request_id: str = "",
         clock: str = "",
+        effect: bool = False,
     ) -> Any:
         # One id per call: the client's retries after a lost reply resend it, and the script
         # answers them with the first reply (`once` in store/lua/_lib.lua).
-        keys = self.keys.script_keys(sid, request_id or uuid.uuid4().hex, *extra_keys)
-        try:
-            # No `now`: the script reads Redis's clock (durable times never come from a worker's),
-            # with TIME or (`clock="event"`) from the stream id of the first event it writes.
-            stamp = clock if now is None else repr(now)
-            return self.scripts.run(name, keys, [stamp, self.settings.events_maxlen, sid, *args], client=pipe)
-        except redis.ConnectionError as exc:
-            raise RedisUnavailable(f"cannot reach Redis: {exc}") from exc
+        keys = self.scripts.session_keys(name, self.keys, sid, request_id or uuid.uuid4().hex, *extra_keys)
+        # No `now`: the script reads Redis's clock (durable times never come from a worker's),
+        # with TIME or (`clock="event"`) from the stream id of the first event it writes.
+        stamp = clock if now is None else repr(now)
+        argv = [stamp, self.settings.events_maxlen, sid, *args]
+        if pipe is not None:  # queued, not sent: the pipeline's `execute` is what may fail
+            return self.scripts.run(name, keys, argv, client=pipe)
+        # Sent again through an outage with the same request id: the script answers with its first reply.
+        return self.through_outage(lambda: self.scripts.run(name, keys, argv), effect=effect)
+
+    def through_outage(self, send: Callable[[], T], effect: bool = False) -> T:
+        """`send()` (calls of this store's client that may be sent twice), waiting out an
+        unreachable Redis for up to this store's bound (store/outage.py), then `RedisUnavailable`;
+        `effect`: the record of what a tool did, which a worker waits for however long it takes."""
+        return self.outage.call(send, effect)
+
+    def at_once(self) -> Self:
+        """This store, raising `RedisUnavailable` at the first failure to reach Redis: for what is
+        worth one try only (letting a lease go early, a sweep that the next one repeats)."""
+        quick = copy.copy(self)
+        quick.outage = OutageWatch(0.0)
+        return quick
 
     def ping(self) -> None:
         try:
@@ -74,10 +107,8 @@ class StoreCore:
         spec = self._agents.get(content_hash)
         if spec is None:
             key = self.settings.spec_key
-            raw, signature = cast(
-                "list[str | None]",
-                self.client.mget([self.keys.agent(content_hash), self.keys.agent_signature(content_hash)]),
-            )
+            names = [self.keys.agent(content_hash), self.keys.agent_signature(content_hash)]
+            raw, signature = cast("list[str | None]", self.through_outage(lambda: self.client.mget(names)))
             if raw is None:
                 raise UnknownSession(f"the agent spec {content_hash} is missing from Redis")
             if key is not None and not spec_verifies(key, raw, signature):
@@ -90,15 +121,34 @@ class StoreCore:
             self._agents[content_hash] = spec
         return spec
 
+    def spec_signed(self, content_hash: str) -> bool:
+        """Whether a signature was stored beside the spec (it was stored with AGENTS_SPEC_KEY set)."""
+        name = self.keys.agent_signature(content_hash)
+        return bool(self.through_outage(lambda: self.client.exists(name)))
+
     def header(self, session_id: str) -> SessionHeader:
         check_session_id(session_id)
-        try:
-            data = cast("dict[str, str]", self.client.hgetall(self.keys.meta(session_id)))
-        except redis.ConnectionError as exc:
-            raise RedisUnavailable(f"cannot reach Redis: {exc}") from exc
+        key = self.keys.meta(session_id)
+        data = cast("dict[str, str]", self.through_outage(lambda: self.client.hgetall(key)))
         if not data:
             raise UnknownSession(f"unknown session {session_id!r}", session_id=session_id)
         return header_from_hash(data)
+
+    def check_format(self) -> None:
+        """Refuse a Redis whose data under this prefix has another stored format than this
+        release's (`STORED_FORMAT`); record the format where none is (one round trip)."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.setnx(self.keys.format, STORED_FORMAT)
+        pipe.get(self.keys.format)
+        _, found = pipe.execute()
+        if found != str(STORED_FORMAT):
+            raise IncompatibleData(
+                f"this Redis holds celery-agents data of format {found} under prefix {self.keys.prefix!r}; this "
+                f"release reads format {STORED_FORMAT}: run the release that wrote it until its sessions end, or "
+                "use another AGENTS_PREFIX (or Redis database)",
+                found=found,
+                format=STORED_FORMAT,
+            )
 
     def check_eviction(self) -> None:
         """Refuse a Redis that may evict keys (session state would vanish silently under memory

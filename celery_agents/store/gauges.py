@@ -1,14 +1,25 @@
 """What is waiting, read from the indexes in one round trip (no scan): the worker's `/metrics`
-gauges. Each figure is the size or the oldest score of a sorted set or stream the scripts keep."""
+gauges. Each figure is the size or the oldest score of a sorted set or stream the scripts keep;
+the approval gates by time left take a second round trip, bounded: the calls of the
+`GATES_READ` nearest deadlines. `QueueLists` reads the broker's queue lists on a Redis (the state
+Redis, or the broker's own), which tasks/queues.py makes sense of."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
 
+from celery_agents.store.connection import client_for_url
 from celery_agents.store.keys import Keys
+
+#: the nearest deadlines whose calls a scrape reads to tell approval gates from other deferred calls
+GATES_READ = 500
+#: the buckets of `gates_by_left`: a gate with less than the bound left is counted in the first
+#: bucket whose bound is above what is left (a deadline passed counts as none left)
+GATE_BUCKETS = (("<1h", 3600.0), ("<1d", 86400.0), (">=1d", float("inf")))
 
 
 @dataclass(frozen=True)
@@ -29,6 +40,9 @@ class Backlog:
     completions_waiting: int
     #: seconds since the oldest of them was written (0 when none): the completions lag
     completions_lag_seconds: float
+    #: approval gates waiting for a decision by time left (`GATE_BUCKETS`), among the
+    #: `GATES_READ` nearest deadlines (past that many, the farther buckets are lower bounds)
+    gates_by_left: dict[str, int] = field(default_factory=dict)
 
 
 def read_backlog(client: redis.Redis, keys: Keys) -> Backlog:
@@ -41,7 +55,8 @@ def read_backlog(client: redis.Redis, keys: Keys) -> Backlog:
     pipe.zcard(keys.owed)
     pipe.xlen(keys.completions)
     pipe.xrange(keys.completions, count=1)
-    (sec, usec), pending, deferred, dispatched, oldest, owed, waiting, first = pipe.execute()
+    pipe.zrange(keys.deadlines, 0, GATES_READ - 1, withscores=True)
+    (sec, usec), pending, deferred, dispatched, oldest, owed, waiting, first, nearest = pipe.execute()
     now_ms = sec * 1000 + usec / 1000
     return Backlog(
         pending_calls=int(pending),
@@ -51,7 +66,56 @@ def read_backlog(client: redis.Redis, keys: Keys) -> Backlog:
         owed_steps=int(owed),
         completions_waiting=int(waiting),
         completions_lag_seconds=_age(now_ms, _entry_ms(first)),
+        gates_by_left=_gates_by_left(client, keys, nearest, now_ms),
     )
+
+
+def _gates_by_left(client: redis.Redis, keys: Keys, nearest: list[Any], now_ms: float) -> dict[str, int]:
+    """Of these deadlines (`<session_id> <field>` by ms), the calls that are approval gates (their
+    record names a `then`), counted by time left; a call gone meanwhile is not counted."""
+    counts = {name: 0 for name, _ in GATE_BUCKETS}
+    if not nearest:
+        return counts
+    pipe = client.pipeline(transaction=False)
+    for member, _ in nearest:
+        sid, _, call_field = (member.decode() if isinstance(member, bytes) else str(member)).partition(" ")
+        pipe.hget(keys.calls(sid), call_field)
+    for raw, (_, deadline_ms) in zip(pipe.execute(), nearest, strict=True):
+        if raw is None or not json.loads(raw).get("then"):
+            continue
+        left = max(0.0, (float(deadline_ms) - now_ms) / 1000)
+        counts[next(name for name, bound in GATE_BUCKETS if left < bound)] += 1
+    return counts
+
+
+class QueueLists:
+    """The lists of a Redis broker's queues: each one's length and oldest entry."""
+
+    def __init__(self, client: redis.Redis, owned: bool = False) -> None:
+        self._client, self._owned = client, owned
+
+    @classmethod
+    def at(cls, url: str) -> QueueLists:
+        """The lists of the broker Redis at `url` (a connection of their own, closed by `close`)."""
+        return cls(client_for_url(url), owned=True)
+
+    def heads(self, keys: list[str]) -> list[tuple[int, str | None]]:
+        """Each list's length and its oldest entry (the last: kombu pushes at the head), in one
+        round trip."""
+        pipe = self._client.pipeline(transaction=False)
+        for key in keys:
+            pipe.llen(key)
+            pipe.lindex(key, -1)
+        rows = iter(pipe.execute())
+        return [(int(length), _text(oldest)) for length, oldest in zip(rows, rows, strict=True)]
+
+    def close(self) -> None:
+        if self._owned:
+            self._client.close()
+
+
+def _text(raw: Any) -> str | None:
+    return raw.decode(errors="replace") if isinstance(raw, bytes) else raw
 
 
 def _entry_ms(first: list[Any]) -> float | None:

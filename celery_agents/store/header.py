@@ -3,9 +3,15 @@
 Every field is one hash field of the same name, as text: a model value (usage, error) as its
 JSON with defaults left out, a string that may be None (`response`) as JSON so that "" and None
 stay apart, None as "", anything else as `str`. Reading applies the same rule backwards; a field
-missing from the hash (a session stored by an older release) reads as its default, or None where
+missing from the hash (no script wrote it yet) reads as its default, or None where
 it may be None. `error_code` is stored beside `error` so that scripts can test it without JSON.
-Adding a field to `SessionHeader` needs nothing here.
+Adding a field to `SessionHeader` needs nothing here. `spent` is the exception: flat fields
+(`budget.SPENT_FIELDS`) that scripts add to, read into it and never written from it.
+
+`usage` is stored as a JSON array (`[prompt, completion, total, reasoning, cached, cost]`, trailing
+defaults left out), not as its object: Redis keeps a hash compact (a listpack, a third of a
+hashtable's memory) only while every value is at most `hash-max-listpack-value` (64) bytes, and
+the object's field names alone pass that.
 """
 
 from __future__ import annotations
@@ -19,10 +25,13 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from celery_agents.model import SessionHeader
+from celery_agents.model import SessionHeader, Usage
+from celery_agents.model.budget import spend_from_fields
 
 #: stored as JSON although not a model: the empty string is a value of theirs, distinct from None
-_JSON_TEXT = frozenset({"response"})
+_JSON_TEXT = frozenset({"response", "grants", "ancestors", "bounded_by"})
+#: read from the flat fields the scripts add to (`budget.SPENT_FIELDS`), never written whole
+_SPENT = "spent"
 #: not a field of the model: the error's code, for scripts (`_lib.lua` `reactivate`)
 ERROR_CODE = "error_code"
 
@@ -50,10 +59,30 @@ def _nullable(annotation: Any) -> bool:
 _FIELDS = tuple(
     _Field(name, _model_type(info.annotation), _nullable(info.annotation), info.is_required())
     for name, info in SessionHeader.model_fields.items()
+    if name != _SPENT
 )
 
 
+#: `Usage`'s fields in the order of its stored array
+_USAGE = ("prompt_tokens", "completion_tokens", "total_tokens", "reasoning_tokens", "cached_tokens", "cost")
+
+
+def usage_text(usage: Usage) -> str:
+    """`usage` as the header stores it: a JSON array of its fields, trailing defaults left out."""
+    values: list[Any] = [getattr(usage, name) for name in _USAGE]
+    # The cost comes last: None (unpriced) is its default, 0.0 a price; the counts' default is 0.
+    while values and (values[-1] is None or (len(values) < len(_USAGE) and values[-1] == 0)):
+        values.pop()
+    return json.dumps(values, separators=(",", ":"))
+
+
+def usage_from_text(raw: str) -> Usage:
+    return Usage(**dict(zip(_USAGE, json.loads(raw), strict=False)))
+
+
 def _text(f: _Field, value: Any) -> str:
+    if f.name == "usage" and isinstance(value, Usage):
+        return usage_text(value)
     if f.name in _JSON_TEXT:
         return json.dumps(value)
     if value is None:
@@ -68,6 +97,8 @@ def _text(f: _Field, value: Any) -> str:
 
 
 def _value(f: _Field, raw: str) -> Any:
+    if f.name == "usage":
+        return usage_from_text(raw)
     if f.name in _JSON_TEXT:
         return json.loads(raw)
     if f.model is not None:
@@ -93,4 +124,5 @@ def header_from_hash(d: dict[str, str]) -> SessionHeader:
             values[f.name] = None
         elif f.required:
             values[f.name] = ""
+    values[_SPENT] = spend_from_fields(d)
     return SessionHeader.model_validate(values)

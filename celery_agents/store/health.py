@@ -1,13 +1,18 @@
-"""What `agents doctor` reads of Redis: the server's persistence and eviction settings, and the
-sizes of the indexes that say whether work is flowing."""
+"""What `agents doctor` reads of Redis: the server's persistence and eviction settings, the
+sizes of the indexes that say whether work is flowing, the deferred calls waiting for a person
+(nearest deadlines first), and the sessions Redis rewound (with the operator's acknowledgement of
+them)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, cast
 
 import redis
 
+from celery_agents.model import PendingCall, TrackedCall
+from celery_agents.store.codec import pending_view
 from celery_agents.store.keys import STORED_STATES, Keys
 
 #: the states `agents doctor` counts sessions in (stored states: `running` is not one)
@@ -26,6 +31,35 @@ class Backlog:
     rejected: int
     poison: int
     sessions: dict[str, int]
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """Deferred calls waiting for a person: a decision (approval gates) or a result."""
+
+    #: every deferred call waiting (each has a deadline)
+    deferred: int
+    #: how many of the nearest deadlines were read: the counts below are of those (lower bounds
+    #: when `deferred` is more)
+    read: int
+    #: approval gates among them
+    gates: int
+    #: those whose `call_expiring` is out or due: a tenth of their wait (at most an hour) remains
+    expiring: int
+    #: the nearest few, as `pending` lists them, each with whether it is expiring
+    nearest: list[tuple[PendingCall, bool]]
+
+
+@dataclass(frozen=True)
+class Rewound:
+    """Sessions a worker found older than it had read them (Redis lost writes it acknowledged)."""
+
+    count: int
+    #: those no operator acknowledged yet (`agents doctor --ack-rewound`)
+    unacknowledged: int
+    #: up to `limit` of them, the unacknowledged first, newest first: session id -> what the
+    #: worker saw (versions and turn counts, `at`), with `acknowledged_at` once acknowledged
+    sessions: dict[str, dict[str, Any]]
 
 
 class Health:
@@ -71,7 +105,75 @@ class Health:
             sessions={s: int(n) for s, n in zip(COUNTED_STATES, states, strict=True)},
         )
 
+    def waiting(self, now: float, nearest: int = 5, read: int = 500) -> Waiting:
+        """The deferred calls of the `read` nearest deadlines (two round trips): how many are
+        gates, how many are expiring, and the `nearest` few in full."""
+        k = self.keys
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zcard(k.deadlines)
+        pipe.zrange(k.deadlines, 0, read - 1)
+        deferred, members = cast("tuple[int, list[str]]", tuple(pipe.execute()))
+        pipe = self.client.pipeline(transaction=False)
+        for member in members:
+            sid, _, field = member.partition(" ")
+            pipe.hget(k.calls(sid), field)
+            pipe.zscore(k.expiring, member)
+        rows = pipe.execute()
+        gates = expiring = 0
+        shown: list[tuple[PendingCall, bool]] = []
+        for i, member in enumerate(members):
+            raw, warn_at = rows[2 * i], rows[2 * i + 1]
+            if raw is None:  # decided meanwhile
+                continue
+            # Its warning went out (the entry left the set) or is due.
+            late = warn_at is None or float(warn_at) <= now * 1000
+            is_gate = bool(json.loads(raw).get("then"))
+            gates, expiring = gates + is_gate, expiring + late
+            if len(shown) < nearest:
+                shown.append((pending_view(member.partition(" ")[0], TrackedCall.model_validate_json(raw)), late))
+        return Waiting(int(deferred), len(members), gates, expiring, shown)
+
     def recent_rejections(self, count: int = 5) -> list[dict[str, str]]:
         """The newest entries of `completions:rejected`, newest first."""
         entries = cast("list[tuple[str, dict[str, str]]]", self.client.xrevrange(self.keys.rejected, count=count))
         return [{"id": eid, **fields} for eid, fields in entries]
+
+    def rewound_sessions(self, limit: int = 20) -> Rewound:
+        """What `rewound` holds (sessions are deleted from it with the session)."""
+        stored = cast("dict[str, str]", self.client.hgetall(self.keys.rewound))
+        records = {sid: json.loads(raw) for sid, raw in stored.items()}
+        newest_new_first = sorted(
+            records, key=lambda sid: ("acknowledged_at" in records[sid], -float(records[sid].get("at", 0)))
+        )
+        return Rewound(
+            count=len(records),
+            unacknowledged=sum("acknowledged_at" not in r for r in records.values()),
+            sessions={sid: records[sid] for sid in newest_new_first[:limit]},
+        )
+
+    def acknowledge_rewound(self) -> list[str]:
+        """Mark every rewound session recorded now as acknowledged; returns their ids. A worker
+        that finds one rewound again later writes a new record, not acknowledged. Optimistic (WATCH):
+        a record written meanwhile is never marked without being read."""
+        key = self.keys.rewound
+        with self.client.pipeline() as pipe:
+            while True:
+                try:
+                    pipe.watch(key)  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
+                    raw = cast("dict[str, str]", pipe.hgetall(key))
+                    seconds, micros = pipe.time()
+                    at = seconds + micros / 1e6
+                    marked: dict[Any, Any] = {
+                        sid: json.dumps({**record, "acknowledged_at": at})
+                        for sid, record in ((sid, json.loads(text)) for sid, text in raw.items())
+                        if "acknowledged_at" not in record
+                    }
+                    if not marked:
+                        pipe.unwatch()
+                        return []
+                    pipe.multi()
+                    pipe.hset(key, mapping=marked)
+                    pipe.execute()
+                    return sorted(marked)
+                except redis.WatchError:
+                    continue

@@ -1,22 +1,36 @@
 """Every Redis key celery-agents uses, named here and nowhere else.
 
 Session keys carry the hash tag `{<session_id>}` so that one session's keys share a Cluster slot.
-Scripts receive their keys in `KEYS` in the fixed order of `session_keys` + `global_keys`.
+A session script receives in `KEYS` the keys it touches, in the order of `SCRIPT_KEY_NAMES`.
 """
 
 from __future__ import annotations
 
 from celery_agents.model import State
 
-SESSION_KEY_NAMES = ("meta", "turns", "calls", "results", "pending", "journal", "events", "lease", "inbox", "children")
+SESSION_KEY_NAMES = (
+    "meta",
+    "turns",
+    "calls",
+    "results",
+    "pending",
+    "journal",
+    "events",
+    "lease",
+    "inbox",
+    "children",
+    "versions",
+    "replay",
+    "claims",
+)
 #: the shared keys a session script gets after the session's (then one index per stored state)
-SHARED_KEY_NAMES = ("sessions", "pending_all", "deadlines", "owed", "dispatched")
+SHARED_KEY_NAMES = ("sessions", "pending_all", "deadlines", "owed", "dispatched", "counters")
 #: the states a session is stored in, each with its index (`running` is only ever shown)
 STORED_STATES = tuple(s.value for s in State if s is not State.RUNNING)
 #: the states of a session that no longer runs: the ones `delete` and `purge` take
 FINISHED_STATES = (State.COMPLETED.value, State.FAILED.value, State.CANCELLED.value)
-#: a session script's KEYS by name, in order (`script_keys`); `_lib.lua`'s `K`, `STATE_KEYS` and
-#: `NKEYS` are checked against it (tests/store/test_lua_contract.py)
+#: every key a session script may touch, by name, in the order a script gets those it touches
+#: (store/scripts.py `key_names` finds them in its source: `K.<name>`, `STATE_KEYS`)
 SCRIPT_KEY_NAMES = (
     *SESSION_KEY_NAMES,
     *SHARED_KEY_NAMES,
@@ -76,6 +90,23 @@ class Keys:
         """Set: ids of the child sessions its sub-agent calls started."""
         return self.session(sid, "children")
 
+    def versions(self, sid: str) -> str:
+        """Hash: version -> what the session was at it (`store/history.py` `VersionEntry`: turns,
+        head, state, the kind of write that made it, when), one field per version, written by the
+        script that makes the version; the transcript at a version is a prefix of the turns."""
+        return self.session(sid, "versions")
+
+    def replay(self, sid: str) -> str:
+        """Hash, rerun sessions only: call digest (tool and arguments) -> the outcome its origin
+        recorded after the version the rerun started from; a call with that digest reuses it."""
+        return self.session(sid, "replay")
+
+    def claims(self, sid: str) -> str:
+        """Hash, sessions with a budget only: member ("<session> <version> <owner>") -> the claim a
+        step of a session below holds on this budget while its model or tool calls are in flight
+        ("expires_ms model_calls tool_calls tokens cost", store/budget.py)."""
+        return self.session(sid, "claims")
+
     def call_lease(self, sid: str, field: str) -> str:
         """String: the worker running a dispatched call, with a time to live."""
         return self.session(sid, f"call-lease:{field}")
@@ -109,6 +140,11 @@ class Keys:
         """Sorted set: session ids by last update (ms)."""
         return f"{self.prefix}:sessions"
 
+    @property
+    def format(self) -> str:
+        """String: the stored format of everything under this prefix (store/core.py `STORED_FORMAT`)."""
+        return f"{self.prefix}:format"
+
     def state_index(self, state: str) -> str:
         """Sorted set: session ids in one stored state, by last update (ms)."""
         return f"{self.prefix}:state:{state}"
@@ -129,10 +165,22 @@ class Keys:
         return f"{self.prefix}:owed"
 
     @property
+    def expiring(self) -> str:
+        """Sorted set: `<session_id> <field>` of deferred calls, by when `call_expiring` is due (ms):
+        a tenth of the wait before the deadline, at most an hour before it."""
+        return f"{self.prefix}:expiring"
+
+    @property
     def dispatched(self) -> str:
         """Sorted set: `<session_id> <field>` of runAsync/runIsolated calls not finished, by when
         they were last dispatched or seen running (ms)."""
         return f"{self.prefix}:dispatched"
+
+    @property
+    def counters(self) -> str:
+        """Hash: the fleet's counters, `<series>\\x1f<label>...` -> count (store/counters.py), each
+        incremented by the script that records the work it counts; every `/metrics` reads it whole."""
+        return f"{self.prefix}:counters"
 
     @property
     def ids(self) -> str:
@@ -144,9 +192,20 @@ class Keys:
         shared: list[str] = [getattr(self, name) for name in SHARED_KEY_NAMES]
         return shared + [self.state_index(s) for s in STORED_STATES]
 
-    def script_keys(self, sid: str, request_id: str, *extra: str) -> list[str]:
-        """A session script's keys: the session's, the shared ones, the call's request key, extras."""
-        return [*self.session_keys(sid), *self.global_keys(), self.request(sid, request_id), *extra]
+    def named(self, names: tuple[str, ...], sid: str, request_id: str) -> list[str]:
+        """The keys of `SCRIPT_KEY_NAMES` called `names`, for session `sid` and the call
+        `request_id` (a script's KEYS: store/scripts.py `key_names`)."""
+        out = []
+        for name in names:
+            if name in SESSION_KEY_NAMES:
+                out.append(self.session(sid, name))
+            elif name.startswith("state:"):
+                out.append(self.state_index(name[len("state:") :]))
+            elif name == "request":
+                out.append(self.request(sid, request_id))
+            else:
+                out.append(getattr(self, name))
+        return out
 
     def agent(self, content_hash: str) -> str:
         """String: an agent spec (canonical JSON), stored once per content hash."""
@@ -162,6 +221,12 @@ class Keys:
         return f"{self.prefix}:completions"
 
     @property
+    def interrupts(self) -> str:
+        """Pub/sub channel (not a key): `<session id> <version> <queued>` for each message sent with
+        `--interrupt` (send_message.lua); every process running steps listens (store/live.py)."""
+        return f"{self.prefix}:interrupts"
+
+    @property
     def rejected(self) -> str:
         """Stream: completions that changed nothing, with the reason."""
         return f"{self.prefix}:completions:rejected"
@@ -171,6 +236,12 @@ class Keys:
         """Hash: session id -> what a worker saw when it found the stored session older than
         what it had read before (Redis lost writes); shown by `agents doctor`."""
         return f"{self.prefix}:rewound"
+
+    @property
+    def acks_fsynced(self) -> str:
+        """String: a counter `start`, `send` and `complete` increment right before WAITAOF
+        (`AGENTS_ACK_FSYNC=1`), on the connection that waits (store/durability.py)."""
+        return f"{self.prefix}:acks:fsynced"
 
     @property
     def workers(self) -> str:
@@ -183,6 +254,41 @@ class Keys:
 
     def lock(self, name: str) -> str:
         return f"{self.prefix}:lock:{name}"
+
+    # -- fleet limits on model calls: one hash tag, so that an admission's keys share a slot ----
+    def _limits(self, name: str) -> str:
+        return f"{self.prefix}:{{limits}}:{name}"
+
+    @property
+    def limits(self) -> str:
+        """Hash: limit KEY (a model name or a `limitKey`) -> its limits (JSON `ModelLimit`)."""
+        return self._limits("config")
+
+    @property
+    def limits_paused(self) -> str:
+        """Hash: model name -> until when (ms, Redis's clock) a provider's 429 with Retry-After
+        paused it for the whole fleet; a past entry is dropped by the next admission that reads it."""
+        return self._limits("paused")
+
+    def limit_state(self, key: str) -> str:
+        """Hash of one KEY: the rate limits' theoretical arrival times (`req_tat`, `tok_tat`, ms:
+        GCRA, store/lua/admit.lua) and the requests and tokens of this minute and the one before."""
+        return self._limits(f"state:{key}")
+
+    def limit_in_flight(self, key: str) -> str:
+        """Sorted set of one KEY with a concurrency limit: the slots of calls in flight, scored by
+        when they lapse (ms, Redis's clock) unless their holder renews them."""
+        return self._limits(f"inflight:{key}")
+
+    def limit_waiters(self, key: str) -> str:
+        """Sorted set of one KEY with a concurrency limit: `<session_id> <version> <priority>` of
+        steps waiting for a slot, highest priority first, then oldest; a released slot wakes one."""
+        return self._limits(f"waiters:{key}")
+
+    def limit_booking(self, sid: str, version: int) -> str:
+        """String, expiring: the rate-limit slot booked for the model call of the step of `sid` at
+        `version` (JSON: when, under which KEYs), so that when it comes back it starts then."""
+        return self._limits(f"booked:{sid}:{version}")
 
     @property
     def poison(self) -> str:

@@ -96,4 +96,4 @@ def _member(member: str) -> tuple[str, str]:
 
 
 def _disposition(raw: str | None) -> str | None:
-    return TrackedCall.model_validate_json(raw).disposition if raw else None
+    return TrackedCall.model_validate_json(raw).runs_as if raw else None

@@ -8,13 +8,16 @@ import time
 from typing import cast
 
 from celery_agents.errors import InvalidInput, SessionNotAdvanceable, UnknownSession
-from celery_agents.model import AgentSpec, CallState, SessionHeader, TrackedCall, UserQuery, UserTurn
+from celery_agents.model import AgentSpec, Budget, CallState, SessionHeader, TrackedCall, UserQuery, UserTurn
+from celery_agents.model.admission import DEFAULT_PRIORITY, PRIORITY_MAX, PRIORITY_MIN
 from celery_agents.store.codec import outcome_json, turn_digest
 from celery_agents.store.core import StoreCore
 from celery_agents.store.header import header_from_hash, header_to_hash
 from celery_agents.store.ids import SESSION_ID, check_session_id, new_session_id, parse_token
 from celery_agents.store.keys import STORED_STATES
+from celery_agents.store.records import Sent
 from celery_agents.store.signing import sign_spec
+from celery_agents.store.summary import start_summary
 
 
 class SessionStore(StoreCore):
@@ -30,8 +33,13 @@ class SessionStore(StoreCore):
         session_id: str | None = None,
         now: float | None = None,
         parent: tuple[str, str] | None = None,
+        ancestors: list[str] | None = None,
+        bounded_by: list[str] | None = None,
+        priority: int | None = None,
     ) -> SessionHeader:
-        """Store a new session; `parent` is (session, call field) of the sub-agent call starting it."""
+        """Store a new session; `parent` is (session, call field) of the sub-agent call starting it,
+        `ancestors` the sessions above it, its parent first, `bounded_by` those with a budget;
+        `priority` (0-9) over the agent file's (default 5)."""
         stamp = time.time() if now is None else now  # shown only: the script stamps created_at from Redis
         sid = check_session_id(session_id) if session_id else new_session_id()
         spec_json = agent.to_json()
@@ -48,6 +56,10 @@ class SessionStore(StoreCore):
             turn_count=1,
             parent=parent[0] if parent else None,
             parent_call=parent[1] if parent else None,
+            budget=agent.budget,
+            ancestors=ancestors or ([parent[0]] if parent else []),
+            bounded_by=bounded_by or [],
+            priority=_priority(priority, agent),
         )
         first_turn = UserTurn(query=query, at=stamp).model_dump_json(exclude_none=True)
         header.turns_digest = turn_digest("", [first_turn])
@@ -60,6 +72,7 @@ class SessionStore(StoreCore):
                 spec_json,
                 "1" if owe else "0",
                 sign_spec(self.settings.spec_key, spec_json) if self.settings.spec_key else "",
+                start_summary(query),
             ],
             extra_keys=(self.keys.agent(content_hash), self.keys.ids, self.keys.agent_signature(content_hash)),
             now=now,
@@ -69,18 +82,32 @@ class SessionStore(StoreCore):
         self._agents[content_hash] = agent
         return header
 
-    def start_child(self, parent_id: str, call_field: str, child_id: str, agent: AgentSpec, query: UserQuery) -> bool:
+    def start_child(
+        self, parent_id: str, call_field: str, child_id: str, agent: AgentSpec, query: UserQuery
+    ) -> int | None:
         """Start the child session of a sub-agent call, auto-driven and owed its first step, unless
-        it exists already (an earlier attempt made it): returns whether this call made it. The
-        parent lists it first, so that a crash in between leaves it findable (cancel reaches it)."""
+        it exists already (an earlier attempt made it): returns the child's priority (its agent
+        file's, else its parent's) if this call made it, else None. The parent lists it first, so
+        that a crash in between leaves it findable (cancel reaches it)."""
         self.client.sadd(self.keys.children(parent_id), child_id)
+        above = self.header(parent_id)
+        bounded = [parent_id] if above.budget is not None else []
+        priority = agent.priority if agent.priority is not None else above.priority
         try:
             self.create_session(
-                agent, query, drive="auto", owe=True, session_id=child_id, parent=(parent_id, call_field)
+                agent,
+                query,
+                drive="auto",
+                owe=True,
+                session_id=child_id,
+                parent=(parent_id, call_field),
+                ancestors=[parent_id, *above.ancestors],
+                bounded_by=[*bounded, *above.bounded_by],
+                priority=priority,
             )
         except SessionNotAdvanceable:
-            return False
-        return True
+            return None
+        return priority
 
     def children(self, session_id: str) -> list[str]:
         """The child sessions the session's sub-agent calls started."""
@@ -104,12 +131,14 @@ class SessionStore(StoreCore):
                 out += self.pending_calls(sid)
         return out
 
-    def send_message(self, session_id: str, query: UserQuery) -> tuple[int, int]:
+    def send_message(self, session_id: str, query: UserQuery, interrupt: bool = False) -> Sent:
         """Queue a user message for the session's next model call (a completed session becomes
-        ready again); returns (version, messages now waiting)."""
+        ready again and the message continues it); `interrupt`: a model call of the session in
+        flight that does not include it is cancelled (store/live.py)."""
         check_session_id(session_id)
         limit = self.settings.max_queued_messages
-        res = self._run("send_message", session_id, [query.model_dump_json(exclude_defaults=True), limit])
+        channel = self.keys.interrupts if interrupt else ""
+        res = self._run("send_message", session_id, [query.model_dump_json(exclude_defaults=True), limit, channel])
         if res[0] == "missing":
             raise UnknownSession(f"unknown session {session_id!r}", session_id=session_id)
         if res[0] == "ended":
@@ -121,7 +150,7 @@ class SessionStore(StoreCore):
                 f"session {session_id} already has {res[1]} messages waiting (the limit): send more once it "
                 "has taken them"
             )
-        return int(res[1]), int(res[2])
+        return Sent(version=int(res[1]), waiting=int(res[2]), continued=bool(int(res[3])))
 
     def resolve(self, session_id: str) -> str:
         """The whole id of the one session whose id starts with `session_id` (an exact id wins);
@@ -130,8 +159,6 @@ class SessionStore(StoreCore):
         if not SESSION_ID.match(text):
             raise UnknownSession(f"unknown session {text[:80]!r}", session_id=text)
         found = self._ids_from(text)
-        if not found and self._index_ids():
-            found = self._ids_from(text)
         if text in found:
             return text
         if len(found) == 1:
@@ -147,20 +174,15 @@ class SessionStore(StoreCore):
         # '~' sorts after every character a session id may hold.
         return cast("list[str]", self.client.zrangebylex(self.keys.ids, f"[{prefix}", f"({prefix}~", start=0, num=4))
 
-    def _index_ids(self) -> bool:
-        """Sessions made before the id index existed join it (once: afterwards both counts match)."""
-        if int(self.client.zcard(self.keys.ids)) >= int(self.client.zcard(self.keys.sessions)):
-            return False
-        ids = cast("list[str]", self.client.zrange(self.keys.sessions, 0, -1))
-        for i in range(0, len(ids), 1000):
-            self.client.zadd(self.keys.ids, dict.fromkeys(ids[i : i + 1000], 0))
-        return True
-
-    def set_drive(self, session_id: str, drive: str) -> tuple[int, bool]:
-        """Pause ("manual") or resume ("auto"); returns (version, whether a step is now owed)."""
+    def set_drive(
+        self, session_id: str, drive: str, grant: Budget | None = None, header: SessionHeader | None = None
+    ) -> tuple[int, bool]:
+        """Pause ("manual") or resume ("auto", its budget's limits raised by `grant`); returns
+        (version, whether a step is now owed). `header`: the session's, read just before."""
         check_session_id(session_id)
-        h = self.header(session_id)
-        res = self._run("set_drive", session_id, [drive, self.agent(h.agent_hash).max_steps])
+        h = header or self.header(session_id)
+        more = grant.model_dump_json(exclude_none=True) if grant is not None else ""
+        res = self._run("set_drive", session_id, [drive, self.agent(h.agent_hash).max_steps, more])
         if res[0] == "missing":
             raise UnknownSession(f"unknown session {session_id!r}", session_id=session_id)
         if res[0] == "ended":
@@ -171,9 +193,10 @@ class SessionStore(StoreCore):
             )
         return int(res[1]), bool(res[2])
 
-    def prepare_step(self, session_id: str) -> int:
-        """Make a session steppable (a failed one becomes active); returns its version."""
-        h = self.header(session_id)
+    def prepare_step(self, session_id: str, header: SessionHeader | None = None) -> int:
+        """Make a session steppable (a failed one becomes active); returns its version. `header`:
+        the session's, read just before."""
+        h = header or self.header(session_id)
         res = self._run("step_through", session_id, [self.agent(h.agent_hash).max_steps])
         if res[0] == "missing":
             raise UnknownSession(f"unknown session {session_id!r}", session_id=session_id)
@@ -206,7 +229,7 @@ class SessionStore(StoreCore):
             calls = cast("dict[str, str]", self.client.hgetall(self.keys.calls(session_id)))
             secrets = [parse_token(t)[1] for t in (json.loads(c).get("token") for c in calls.values()) if t]
             keys = self.keys.every_session_key(session_id, list(calls), secrets)
-            extra = (self.keys.ids, self.keys.rewound, *keys)
+            extra = (self.keys.ids, self.keys.rewound, self.keys.expiring, *keys)
             res = self._run("delete_session", session_id, [len(calls), "1" if force else "0"], extra)
             if res[0] == "ok":
                 if parent:  # the parent's list is under the parent's hash tag: a second command
@@ -291,3 +314,12 @@ class SessionStore(StoreCore):
         for state in STORED_STATES:
             pipe.zcard(self.keys.state_index(state))
         return {state: int(n) for state, n in zip(STORED_STATES, pipe.execute(), strict=True)}
+
+
+def _priority(given: int | None, agent: AgentSpec) -> int:
+    """A new session's priority: the one asked for, else its agent file's, else the default."""
+    if given is not None:
+        if not PRIORITY_MIN <= given <= PRIORITY_MAX:
+            raise InvalidInput(f"a priority is {PRIORITY_MIN} (lowest) to {PRIORITY_MAX} (highest); got {given}")
+        return given
+    return agent.priority if agent.priority is not None else DEFAULT_PRIORITY

@@ -20,6 +20,10 @@ COMPLETIONS_GROUP = "celery-agents"
 RawEntry = tuple[str, dict[bytes, bytes]]
 
 
+class GroupMissing(Exception):
+    """The stream has no consumer group (deleted with the stream): make it again."""
+
+
 @dataclass(frozen=True)
 class GroupState:
     """What `agents doctor` shows of the completions stream."""
@@ -58,13 +62,19 @@ class CompletionStream:
                 raise
 
     def read_new(self, consumer: str, count: int, block_ms: int | None) -> list[RawEntry]:
-        """Entries no consumer of the group has read yet, oldest first."""
+        """Entries no consumer of the group has read yet, oldest first. `GroupMissing`: the stream
+        (and its group with it) was deleted since the group was made."""
         args: list[Any] = ["GROUP", self.group, consumer, "COUNT", count]
         if block_ms is not None:
             args += ["BLOCK", block_ms]
-        reply = self.client.execute_command(  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
-            "XREADGROUP", *args, "STREAMS", self.key, ">", **{NEVER_DECODE: []}
-        )
+        try:
+            reply = self.client.execute_command(  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
+                "XREADGROUP", *args, "STREAMS", self.key, ">", **{NEVER_DECODE: []}
+            )
+        except redis.ResponseError as exc:
+            if "NOGROUP" in str(exc):
+                raise GroupMissing(self.key) from None
+            raise
         streams = cast("list[tuple[bytes, Any]] | None", reply)
         return _raw(streams[0][1]) if streams else []
 

@@ -28,7 +28,9 @@ class SweepStore(StoreCore):
         for sid, lost in candidates:
             self._run("sweep_owed", sid, ["1" if lost else "0"], now=now, pipe=pipe)
         return [
-            Swept(sid, Recovery(res[0]), version=int(res[1]) if res[0] == Recovery.REPUBLISH else 0)
+            Swept(sid, Recovery(res[0]), version=int(res[1]), priority=int(res[2]))
+            if res[0] == Recovery.REPUBLISH
+            else Swept(sid, Recovery(res[0]))
             for (sid, _), res in zip(candidates, pipe.execute(), strict=True)
         ]
 

@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any, cast
 
-from celery_agents.model import PendingCall, SessionHeader
+from celery_agents.model import PendingCall, QueuedMessage, SessionHeader, UserQuery
 from celery_agents.store.codec import StreamEntries, event_from_entry, merge_outcome, pending_view, unfinished_rows
 from celery_agents.store.core import StoreCore
 from celery_agents.store.records import Live
+
+#: the queued messages a view lists (the oldest first; at most AGENTS_MAX_QUEUED_MESSAGES wait)
+QUEUED_SHOWN = 100
+#: how long a watch lasts (s; `watch`), and how often a follower renews it
+WATCH_S = 30
+WATCH_RENEW_S = 5.0
+#: the most characters of a queued message's text a view shows
+QUEUED_TEXT_CHARS = 500
+
+
+def queued_message(raw: str) -> QueuedMessage:
+    query = UserQuery.model_validate_json(raw)
+    text = query.text if len(query.text) <= QUEUED_TEXT_CHARS else query.text[: QUEUED_TEXT_CHARS - 1] + "…"
+    return QueuedMessage(text=text, media=len(query.media))
 
 
 class ViewStore(StoreCore):
@@ -23,7 +38,16 @@ class ViewStore(StoreCore):
             pipe.exists(k.lease(h.session_id))
             pipe.smembers(k.pending(h.session_id))
             pipe.smembers(k.children(h.session_id))
+        # The queued messages of the sessions that have some (the header counts them).
+        queuing = [h for h in headers if h.inbox_waiting]
+        for h in queuing:
+            pipe.lrange(k.inbox(h.session_id), 0, QUEUED_SHOWN - 1)
         first = pipe.execute()
+        n = 3 * len(headers)
+        queued = {
+            h.session_id: [queued_message(raw) for raw in rows] for h, rows in zip(queuing, first[n:], strict=True)
+        }
+        first = first[:n]
         leased = [bool(x) for x in first[0::3]]
         fields = [sorted(x) for x in first[1::3]]
         children = [sorted(x) for x in first[2::3]]
@@ -40,7 +64,7 @@ class ViewStore(StoreCore):
             if fs:
                 rows = unfinished_rows(next(second), next(second), next(second))
                 pending = [pending_view(h.session_id, c, started) for c, started in rows]
-            out.append(Live(pending, lease, kids))
+            out.append(Live(pending, lease, kids, queued.get(h.session_id, [])))
         return out
 
     def pending_view(self, session_id: str | None = None, limit: int = 1000) -> list[PendingCall]:
@@ -87,8 +111,19 @@ class ViewStore(StoreCore):
             raw = res[0][1] if res else []
         return [event_from_entry(eid, fields) for eid, fields in raw]
 
+    def watch(self, session_id: str) -> None:
+        """Say that someone follows the session's events, for `WATCH_S`: its model calls stream
+        their answers as `text_delta` events meanwhile (a call nobody watches is asked whole)."""
+        self.scripts.run("watch", [self.keys.meta(session_id)], [WATCH_S * 1000])
+
     def follow_events(self, session_id: str, after: str = "0-0", block_ms: int = 1000) -> Iterator[dict[str, Any]]:
+        """The session's events after `after`, then new ones as they come; while following, the
+        session is watched (its model calls stream: `watch`)."""
+        watched = 0.0
         while True:
+            if time.monotonic() - watched > WATCH_RENEW_S:
+                self.watch(session_id)
+                watched = time.monotonic()
             events = self.read_events(session_id, after, block_ms=block_ms)
             for e in events:
                 after = e["id"]

@@ -13,7 +13,6 @@ from celery_agents.runtime import run_call
 from celery_agents.tasks.celery_app import app, worker_settings
 from celery_agents.tasks.config import CALL_TASK, ISOLATED_TASK, Dispatcher
 from celery_agents.tasks.context import execution_owner, worker_context
-from celery_agents.tasks.recycle import leave_if_outrun
 
 
 def _run(task: Any, session_id: str, field: str, isolated: bool) -> str:
@@ -21,12 +20,12 @@ def _run(task: Any, session_id: str, field: str, isolated: bool) -> str:
     owner = execution_owner(task.request)
     tools = ctx.isolated_tools if isolated else ctx.tools
     with observe.call_task(task.request, session_id, field):
-        res = run_call(ctx.store, session_id, field, tools, owner)
+        res = run_call(ctx.store, session_id, field, tools, owner, "runIsolated" if isolated else "runAsync")
         if res.child is not None:
-            Dispatcher(app).step(*res.child)
+            child, version, priority = res.child
+            Dispatcher(app).step(child, version, priority=priority)
         if res.finished is not None and res.finished.woken:
-            Dispatcher(app).step(session_id, res.finished.version)
-    leave_if_outrun()
+            Dispatcher(app).step(session_id, res.finished.version, priority=res.finished.priority)
     return res.status
 
 

@@ -16,13 +16,24 @@ from kombu.entity import Exchange, Queue
 
 from celery_agents.config import Settings
 from celery_agents.model import TrackedCall
+from celery_agents.model.admission import DEFAULT_PRIORITY, PRIORITY_MAX, PRIORITY_MIN
 from celery_agents.store import Keys, broker_url
-from celery_agents.tasks.queues import PUBLISHED_MS, REDIS_SCHEMES
+from celery_agents.store.connection import broker_options, broker_ssl, is_sentinel_url
+
+#: a message header: when it was published (ms since the epoch, the publisher's clock)
+PUBLISHED_MS = "agents_published_ms"
+#: broker URL schemes of kombu's Redis transport (its Sentinel one included, as kombu and as
+#: `AGENTS_BROKER_URL` name it): its queues are lists, read directly
+REDIS_SCHEMES = {"redis", "rediss", "redis+socket", "sentinel", "redis+sentinel", "rediss+sentinel"}
 
 STEP_TASK = "celery_agents.step"
 CALL_TASK = "celery_agents.run_call"
 ISOLATED_TASK = "celery_agents.run_isolated_call"
 QUEUES = ("steps", "tools", "isolated")
+#: how late Celery's timer may run a countdown (s), a step a fleet limit put back (`celery_config`)
+TIMER_PRECISION_S = 0.02
+#: the lists of a queue on kombu's Redis transport, one per message priority (tasks/queues.py)
+PRIORITY_STEPS = tuple(range(PRIORITY_MAX + 1))
 
 
 def steps_unacknowledged(broker: str) -> bool:
@@ -44,14 +55,33 @@ def steps_unacknowledged(broker: str) -> bool:
 
 def task_queues(broker: str) -> tuple[Queue, ...]:
     """The three queues, each on the direct exchange of its name with its name as routing key (as
-    Celery would make them), `steps` consumed without acknowledgement on a Redis broker."""
-    no_ack = steps_unacknowledged(broker)
-    return tuple(_queue(name, no_ack=no_ack and name == "steps") for name in QUEUES)
+    Celery would make them), `steps` consumed without acknowledgement on a Redis broker and, on
+    any other (AMQP), declared a priority queue (`x-max-priority`)."""
+    no_ack, amqp = steps_unacknowledged(broker), not _redis_transport(broker)
+    return tuple(
+        _queue(name, no_ack=no_ack and name == "steps", prioritised=amqp and name == "steps") for name in QUEUES
+    )
 
 
-def _queue(name: str, no_ack: bool) -> Queue:
+def _queue(name: str, no_ack: bool, prioritised: bool = False) -> Queue:
     exchange = Exchange(name, type="direct")  # type: ignore[no-untyped-call]  # kombu is untyped
-    return Queue(name, exchange, routing_key=name, no_ack=no_ack)  # type: ignore[no-untyped-call]
+    arguments = {"x-max-priority": PRIORITY_MAX} if prioritised else None
+    return Queue(name, exchange, routing_key=name, no_ack=no_ack, queue_arguments=arguments)  # type: ignore[no-untyped-call]
+
+
+def message_priority(broker: str, priority: int) -> int:
+    """The message priority that puts a session of `priority` (0 lowest, 9 highest) before the
+    ones below it. kombu's Redis transport keeps a list per priority (`PRIORITY_STEPS`) and takes
+    from the list of the lowest number first; AMQP (RabbitMQ, `x-max-priority`) delivers the
+    highest number first."""
+    p = min(max(priority, PRIORITY_MIN), PRIORITY_MAX)
+    return PRIORITY_MAX - p if _redis_transport(broker) else p
+
+
+def _redis_transport(broker: str) -> bool:
+    """kombu's Redis transport (and its Sentinel one) serves broker URL `broker`."""
+    scheme = broker.split("://", 1)[0]
+    return scheme in REDIS_SCHEMES or "redis" in scheme or "sentinel" in scheme
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
@@ -67,10 +97,17 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # default is ~100 s); our own sweeper recovers dead workers' steps much sooner anyway.
         "unacked_restore_interval": settings.restore_interval,
         "unacked_restore_throttle": 3 if settings.restore_interval >= 5 else 1,
+        # A list per session priority (kombu's default steps, 0 3 6 9, would fold ten into four).
+        "priority_steps": list(PRIORITY_STEPS),
+        **broker_options(settings),
     }
+    tls = broker_ssl(settings)
     return {
         "broker_url": broker,
         "broker_transport_options": transport,
+        # A rediss:// URL carries its own TLS options; a rediss+sentinel:// one gives them here.
+        **({"broker_use_ssl": tls} if tls is not None else {}),
+        "task_publish_retry_policy": _publish_retry(settings),
         "visibility_timeout": vt,
         "broker_connection_retry_on_startup": True,
         "broker_pool_acquire_timeout": 30,
@@ -95,8 +132,17 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "worker_max_memory_per_child": 1_000_000,
         "worker_soft_shutdown_timeout": 30.0,
         "worker_enable_soft_shutdown_on_idle": True,
-        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        # A running task goes on when the broker connection drops (a Redis restart): a tool call in
+        # flight finishes and records its outcome once Redis is back (the store waits for it), instead
+        # of being killed and run again. A copy the broker hands out meanwhile is refused by the
+        # call's lease or the step's.
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
         "worker_hijack_root_logger": False,
+        # A step a fleet limit put back runs at its countdown (tasks/step.py). A threads pool keeps
+        # countdowns in Celery's timer thread, which sleeps up to this long before it sees an entry
+        # due sooner than the one it sleeps for (default 1 s: steps due within a second would all
+        # start together at its end, in a burst a provider's limit refuses).
+        "worker_timer_precision": TIMER_PRECISION_S,
         "task_default_queue": "steps",
         "task_queues": task_queues(broker),
         "task_routes": {
@@ -112,6 +158,15 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             ISOLATED_TASK: _tool_limits(settings),
         },
     }
+
+
+def _publish_retry(settings: Settings) -> dict[str, float]:
+    """How long publishing a message retries a broker it cannot reach: Celery's default (~0.6 s)
+    on one server; on Sentinel long enough for the sentinels to promote a replica (a few seconds)
+    rather than leave the message to the sweeper (`AGENTS_OWED_GRACE` later)."""
+    if not is_sentinel_url(settings.broker_url or settings.redis_url):
+        return {"max_retries": 3, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.2}
+    return {"max_retries": 40, "interval_start": 0, "interval_step": 0.25, "interval_max": 1.0}
 
 
 def _tool_limits(settings: Settings) -> dict[str, float]:
@@ -149,18 +204,30 @@ class Dispatcher:
 
     def __init__(self, app: Celery) -> None:
         self.app = app
+        self._broker = str(app.conf.broker_url or "")
 
-    def step(self, session_id: str, version: int, request: str = "") -> None:
+    def step(
+        self,
+        session_id: str,
+        version: int,
+        request: str = "",
+        priority: int = DEFAULT_PRIORITY,
+        countdown: float | None = None,
+    ) -> None:
+        """Publish a step of `session_id` at `version`, taken before the steps of sessions of a
+        lower `priority`; `countdown` (s): not run before then (a step a fleet limit put back)."""
         self.app.send_task(
             STEP_TASK,
             args=(session_id, version, request),
             queue="steps",
             headers={PUBLISHED_MS: _now_ms()},
             argsrepr=step_argsrepr(session_id, version, request),
+            priority=message_priority(self._broker, priority),
+            countdown=countdown if countdown else None,
         )
 
     def call(self, session_id: str, call: TrackedCall) -> None:
-        isolated = call.disposition == "runIsolated"
+        isolated = call.runs_as == "runIsolated"
         self.app.send_task(
             ISOLATED_TASK if isolated else CALL_TASK,
             args=(session_id, call.field),

@@ -53,12 +53,13 @@ def _build(settings: Settings) -> WorkerContext:
     global _ctx, _pid
     if _ctx is None or _pid != os.getpid():
         observe.setup(settings)
-        store = Store(client_for_url(state_url(settings)), settings)
+        # A worker waits out a Redis restart instead of dropping the work in flight (store/outage.py).
+        store = Store(client_for_url(state_url(settings)), settings, outage_seconds=settings.redis_outage_seconds)
         _ctx = WorkerContext(
             settings=settings,
             store=store,
             llm=LitellmPort(RetryPolicy.from_settings(settings)),
-            tools=ToolRunner(),
+            tools=ToolRunner(tool_env=settings.tool_env),
             isolated_tools=ToolRunner(isolated=True),
         )
         _pid = os.getpid()

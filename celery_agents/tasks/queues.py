@@ -17,15 +17,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import redis
-
 from celery_agents.config import Settings
-from celery_agents.store import Keys, client_for_url
+from celery_agents.store import Keys
+from celery_agents.store.gauges import QueueLists
+from celery_agents.tasks.config import PRIORITY_STEPS, PUBLISHED_MS, REDIS_SCHEMES, celery_config
 
 log = logging.getLogger(__name__)
-
-#: a message header: when it was published (ms since the epoch, the publisher's clock)
-PUBLISHED_MS = "agents_published_ms"
 
 
 @dataclass(frozen=True)
@@ -58,11 +55,11 @@ def oldest_published_ms(raw_message: str | None) -> int | None:
 class QueueProbe:
     """Reads the queues' heads; keeps its broker connection between calls (the sweeper's)."""
 
-    def __init__(self, settings: Settings, state: redis.Redis) -> None:
+    def __init__(self, settings: Settings, state: QueueLists) -> None:
         self.settings = settings
         self.state = state
         self._connection: Any = None
-        self._broker_redis: redis.Redis | None = None
+        self._broker_redis: QueueLists | None = None
 
     def heads(self, names: Iterable[str]) -> dict[str, QueueHead]:
         names = list(names)
@@ -73,7 +70,7 @@ class QueueProbe:
             if broker.split("://", 1)[0] in REDIS_SCHEMES:
                 if self._broker_redis is None:
                     url = "unix://" + broker.split("://", 1)[1] if broker.startswith("redis+socket://") else broker
-                    self._broker_redis = client_for_url(url)
+                    self._broker_redis = QueueLists.at(url)
                 return self._redis_heads(self._broker_redis, names)
             return self._broker_heads(names)
         except Exception as exc:  # an unreachable broker: unknown, so nothing counts as lost early
@@ -83,20 +80,19 @@ class QueueProbe:
             self.close()
             return {n: QueueHead(None) for n in names}
 
-    def _redis_heads(self, client: redis.Redis, names: list[str]) -> dict[str, QueueHead]:
+    def _redis_heads(self, lists_of: QueueLists, names: list[str]) -> dict[str, QueueHead]:
         prefix = Keys(self.settings.prefix).celery_prefix
-        pipe = client.pipeline(transaction=False)
-        for name in names:
-            pipe.llen(f"{prefix}{name}")
-            pipe.lindex(f"{prefix}{name}", -1)
-        rows = pipe.execute()
-        return {name: QueueHead(int(rows[2 * i]), oldest_published_ms(rows[2 * i + 1])) for i, name in enumerate(names)}
+        lists = {name: redis_lists(prefix, name) for name in names}
+        rows = iter(lists_of.heads([k for keys in lists.values() for k in keys]))
+        heads = {}
+        for name, keys in lists.items():
+            read = [next(rows) for _ in keys]
+            heads[name] = merged_head([QueueHead(depth, oldest_published_ms(oldest)) for depth, oldest in read])
+        return heads
 
     def _broker_heads(self, names: list[str]) -> dict[str, QueueHead]:
         from kombu.connection import Connection
         from kombu.exceptions import ChannelError
-
-        from celery_agents.tasks.config import celery_config
 
         if self._connection is None:
             conf = celery_config(self.settings)
@@ -129,8 +125,28 @@ class QueueProbe:
             self._broker_redis = None
 
 
-#: broker URL schemes of kombu's Redis transport: its queues are lists, read directly
-REDIS_SCHEMES = {"redis", "rediss", "redis+socket"}
+#: kombu's Redis transport: between a queue's name and the priority of its list
+PRIORITY_SEP = "\x06\x16"
+
+
+def redis_lists(prefix: str, name: str) -> list[str]:
+    """The Redis lists of queue `name` under the broker's key prefix. `steps` has one per message
+    priority (tasks/config.py `PRIORITY_STEPS`: the bare name is priority 0, taken first); the
+    other queues publish without one, into the bare name."""
+    if name != "steps":
+        return [f"{prefix}{name}"]
+    return [f"{prefix}{name}" + (f"{PRIORITY_SEP}{p}" if p else "") for p in PRIORITY_STEPS]
+
+
+def merged_head(heads: list[QueueHead]) -> QueueHead:
+    """One queue's head from the heads of its lists: every message waiting in any of them, and
+    the oldest publish time of their oldest messages (each list is first in, first out; a
+    message waiting is in one of them), unknown when one of them has messages of no known time."""
+    depth = sum(h.depth or 0 for h in heads)
+    waiting = [h for h in heads if h.depth]
+    if not waiting or any(h.published_ms is None for h in waiting):
+        return QueueHead(depth)
+    return QueueHead(depth, min(h.published_ms for h in waiting if h.published_ms is not None))
 
 
 def _not_found(exc: BaseException) -> bool:

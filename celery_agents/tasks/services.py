@@ -10,30 +10,33 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from celery.signals import worker_init, worker_process_shutdown, worker_ready, worker_shutdown
-from redis.exceptions import LockError
-from redis.lock import Lock
 
 from celery_agents import observe
-from celery_agents.config import Settings
-from celery_agents.errors import RedisUnavailable
+from celery_agents.config import Settings, forget_keys
+from celery_agents.errors import RedisRefused, RedisUnavailable
 from celery_agents.model import build_schemas
 from celery_agents.model.recovery import Recovery
 from celery_agents.observe.logs import connect_celery
 from celery_agents.runtime.completions import CompletionConsumer
 from celery_agents.store import FINISHED_STATES, EmbeddedRedis, Store
 from celery_agents.store.codec import STORED_TURN
+from celery_agents.store.fleet import Turn
+from celery_agents.store.outage import UNREACHABLE as STORE_UNREACHABLE
 from celery_agents.tasks.celery_app import app, worker_settings
 from celery_agents.tasks.config import CALL_TASK, ISOLATED_TASK, STEP_TASK, Dispatcher
 from celery_agents.tasks.context import worker_context
 from celery_agents.tasks.queues import QueueHead, QueueProbe
-from celery_agents.tasks.recycle import mark_supervised
 
 log = logging.getLogger("celery_agents.services")
+
+#: Redis could not be reached: the loops try again at their next turn
+UNREACHABLE = (RedisUnavailable, *STORE_UNREACHABLE)
 
 
 def task_log_fields(task_name: str, args: Sequence[Any]) -> dict[str, Any]:
@@ -51,7 +54,12 @@ connect_celery(lambda: worker_settings().log_format == "json", task_log_fields)
 
 
 def sweep_once(
-    store: Store, dispatcher: Dispatcher, settings: Settings, now: float | None = None, probe: QueueProbe | None = None
+    store: Store,
+    dispatcher: Dispatcher,
+    settings: Settings,
+    now: float | None = None,
+    probe: QueueProbe | None = None,
+    recover: bool = True,
 ) -> dict[str, int]:
     """Publish again what nobody will run, and expire due deadlines; returns counts.
 
@@ -63,14 +71,53 @@ def sweep_once(
     be waiting in a busy queue is left alone: duplicates would only add load. The decision
     (`model.recovery.recovery_decision`) and its bookkeeping are one script per entry
     (store/lua/sweep_*.lua): a published copy counts as not picked up, so it is not published
-    again at every sweep while it waits in its queue."""
+    again at every sweep while it waits in its queue. With `recover=False` (just after an outage:
+    `AfterOutage`) it only expires deadlines."""
     now = store.server_time() if now is None else now  # owed and deadline scores are Redis times
-    judge = _Judge(settings, now, _queue_heads(store, settings, now, probe))
-    return {
-        "owed": _sweep_owed(store, dispatcher, judge, now),
-        "redispatched": _sweep_dispatched(store, dispatcher, judge, now),
-        "expired": _expire_deadlines(store, dispatcher, now),
-    }
+    counts = {"owed": 0, "redispatched": 0}
+    if recover:
+        judge = _Judge(settings, now, _queue_heads(store, settings, now, probe))
+        counts = {
+            "owed": _sweep_owed(store, dispatcher, judge, now),
+            "redispatched": _sweep_dispatched(store, dispatcher, judge, now),
+        }
+    return {**counts, "expired": _expire_deadlines(store, dispatcher, now), "warned": store.warn_due(now)}
+
+
+class AfterOutage:
+    """Whether the sweeper may take over owed steps and dispatched calls now.
+
+    Leases lapse while Redis is away: their holders cannot renew them, and a restarted Redis drops
+    the ones that expired meanwhile. For one lease after Redis is back (as this sweeper saw it, or
+    after the server started: its uptime), a lapsed lease proves no worker dead, so nothing is
+    republished; the holders, which waited the outage out, take their leases again meanwhile."""
+
+    def __init__(self, lease_seconds: float) -> None:
+        self.lease_seconds = lease_seconds
+        self._away_since: float | None = None
+        self._back_at = -lease_seconds
+
+    def unreachable(self, exc: Exception) -> None:
+        if self._away_since is None:
+            self._away_since = time.monotonic()
+            log.warning("worker services cannot reach Redis (%s): sweeping again once it is back", exc)
+
+    def reached(self) -> None:
+        if self._away_since is not None:
+            now = time.monotonic()
+            log.warning(
+                "Redis is back after %.1f s: steps and calls whose leases lapsed are taken over after %g s more "
+                "(their workers take their leases again first)",
+                now - self._away_since,
+                self.lease_seconds,
+            )
+            self._away_since, self._back_at = None, now
+
+    def may_recover(self, store: Store) -> bool:
+        if time.monotonic() < self._back_at + self.lease_seconds:
+            return False
+        uptime = store.redis_uptime()
+        return uptime is None or uptime >= self.lease_seconds
 
 
 @dataclass(frozen=True)
@@ -98,7 +145,8 @@ def _call_queue(disposition: str | None) -> str | None:
     `lost_grace` alone), a disposition that is never queued in none at all (None: lost)."""
     if disposition is None:
         return ""
-    return {"runAsync": "tools", "runIsolated": "isolated"}.get(disposition)
+    # An approved runSync gate runs on the tools lane too (tasks/config.py `Dispatcher.call`).
+    return {"runAsync": "tools", "runSync": "tools", "runIsolated": "isolated"}.get(disposition)
 
 
 def _queue_heads(store: Store, settings: Settings, now: float, probe: QueueProbe | None) -> dict[str, QueueHead]:
@@ -107,7 +155,7 @@ def _queue_heads(store: Store, settings: Settings, now: float, probe: QueueProbe
     if not store.anything_due(now - settings.owed_grace):
         return {}
     own = probe is None
-    probe = probe or QueueProbe(settings, store.client)
+    probe = probe or QueueProbe(settings, store.queue_lists())
     try:
         return probe.heads(["steps", "tools", "isolated"])
     finally:
@@ -120,14 +168,11 @@ def _sweep_owed(store: Store, dispatcher: Dispatcher, judge: _Judge, now: float)
     if not owed:
         return 0
     candidates = [(sid, judge.lost("steps", committed_ms)) for sid, committed_ms in owed]
-    judged_lost = dict(candidates)
     published = 0
-    for swept in store.sweep_owed(candidates, now):
+    for swept in store.sweep_owed(candidates, now):  # counted (republished, takeovers) by its script
         if swept.verdict is Recovery.REPUBLISH:
-            dispatcher.step(swept.session_id, swept.version, request="sweeper")
+            dispatcher.step(swept.session_id, swept.version, request="sweeper", priority=swept.priority)
             published += 1
-            # Not judged lost: a worker had picked it up and its lease lapsed.
-            observe.republished("step", takeover=not judged_lost.get(swept.session_id, True))
     return published
 
 
@@ -136,13 +181,11 @@ def _sweep_dispatched(store: Store, dispatcher: Dispatcher, judge: _Judge, now: 
     if not due:
         return 0
     candidates = [(c.session_id, c.field, judge.lost(_call_queue(c.disposition), c.committed_ms)) for c in due]
-    judged_lost = {(sid, field): lost for sid, field, lost in candidates}
     published = 0
-    for swept in store.sweep_dispatched(candidates, now):
+    for swept in store.sweep_dispatched(candidates, now):  # counted (republished, takeovers) by its script
         if swept.verdict is Recovery.REPUBLISH and swept.call is not None:
             dispatcher.call(swept.session_id, swept.call)
             published += 1
-            observe.republished("call", takeover=not judged_lost.get((swept.session_id, swept.field or ""), True))
     return published
 
 
@@ -152,7 +195,7 @@ def _expire_deadlines(store: Store, dispatcher: Dispatcher, now: float) -> int:
         if finished.status == "ok":
             expired += 1
             if finished.woken:
-                dispatcher.step(sid, finished.version, "expired")
+                dispatcher.step(sid, finished.version, "expired", priority=finished.priority)
     return expired
 
 
@@ -197,18 +240,23 @@ class WorkerServices:
     def _loop(self) -> None:
         dispatcher = Dispatcher(app)
         probe: QueueProbe | None = None
+        outage = AfterOutage(self.settings.lease_seconds)
         while not self._stop.is_set():
             try:
-                store = worker_context(self.settings).store
-                probe = probe or QueueProbe(self.settings, store.client)
+                # Not waiting out an outage: the next sweep, a second later, tries again anyway.
+                store = worker_context(self.settings).store.at_once()
+                probe = probe or QueueProbe(self.settings, store.queue_lists())
                 now = store.server_time()  # heartbeats are compared by other hosts: Redis's clock
                 store.beat(self.name, self._beat(now))
+                outage.reached()
                 # The turn lapses before the next sweep: whichever worker comes first sweeps then.
                 if store.take_sweep_turn(self.name, self.settings.sweep_interval * 0.9):
-                    counts = sweep_once(store, dispatcher, self.settings, now, probe)
+                    counts = sweep_once(store, dispatcher, self.settings, now, probe, outage.may_recover(store))
                     counts["purged"] = purge_expired(store, self.settings)
                     if any(counts.values()):
                         log.info("sweep: %s", counts)
+            except UNREACHABLE as exc:
+                outage.unreachable(exc)
             except Exception:
                 log.exception("worker services sweep failed")
             self._stop.wait(self.settings.sweep_interval)
@@ -262,39 +310,39 @@ class WorkerServices:
         over within seconds, applying first what the previous one had read but not acknowledged."""
         dispatcher = Dispatcher(app)
         consumer: CompletionConsumer | None = None
-        lock: Lock | None = None
-        held = False
+        turn: Turn | None = None
+        away = False
         while not self._stop.is_set():
             try:
                 store = worker_context(self.settings).store
-                lock = lock or store.completions_lock()
-                held = _hold(lock, held, self.name)
-                if not held:
+                turn = turn or store.completions_turn(self.name)
+                if not turn.hold():
                     consumer = None
                     self._stop.wait(0.5)
                     continue
                 if consumer is None:
                     consumer = CompletionConsumer(
-                        store, self.name, wake=lambda sid, v: dispatcher.step(sid, v, "wake"), dispatch=dispatcher.call
+                        store,
+                        self.name,
+                        wake=lambda sid, v, p: dispatcher.step(sid, v, "wake", priority=p),
+                        dispatch=dispatcher.call,
                     )
                 consumer.poll(block_ms=250)  # short: a stopping worker waits for it
+                away = False
+            except UNREACHABLE as exc:
+                # Its reads fail at once; what it had read is applied through the outage or, past
+                # it, taken over (pending in the group) by the consumer made next.
+                if not away:
+                    log.warning("completions: cannot reach Redis (%s); reading again once it is back", exc)
+                away, consumer = True, None
+                self._stop.wait(1.0)
             except Exception:
                 log.exception("applying completions failed; retrying")
                 consumer = None
                 self._stop.wait(1.0)
-        if lock is not None and held:
+        if turn is not None:
             with contextlib.suppress(Exception):  # expired or Redis gone: it lapses on its own
-                lock.release()
-
-
-def _hold(lock: Lock, held: bool, name: str) -> bool:
-    """Keep (extend) or take the lock; False when another worker holds it."""
-    if held:
-        try:
-            return bool(lock.reacquire())
-        except LockError:  # it lapsed while this worker stalled: whoever took it consumes now
-            return False
-    return bool(lock.acquire(blocking=False, token=name))
+                turn.let_go()
 
 
 _services: WorkerServices | None = None
@@ -308,7 +356,6 @@ def run_as_child(role: str) -> None:
     """This process is a Celery worker under `agents worker`'s supervisor, serving `role`."""
     global _child_role
     _child_role = role
-    mark_supervised()
 
 
 @contextlib.contextmanager
@@ -317,7 +364,9 @@ def worker_resources(settings: Settings) -> Iterator[None]:
     state Redis checked for an eviction policy that could drop sessions."""
     embedded = EmbeddedRedis(settings.home).acquire() if settings.embedded else None
     try:
-        worker_context(settings).store.check_eviction()
+        store = worker_context(settings).store
+        store.check_eviction()
+        store.check_format()
         yield
     finally:
         if embedded is not None:
@@ -334,12 +383,18 @@ def _on_worker_init(**_: Any) -> None:
     # running as its user (the pool processes forked from here inherit it).
     protect_process()
     settings = worker_settings()
+    # The keys now live in `settings` alone: no tool of this Celery worker (nor its pool processes,
+    # forked later) inherits them. `agents worker`'s supervisor keeps them for the workers it
+    # starts; it runs no tool.
+    forget_keys()
     if _child_role is None:
         if settings.embedded:
             _embedded = EmbeddedRedis(settings.home).acquire()
         try:
-            worker_context(settings).store.check_eviction()
-        except RedisUnavailable as exc:
+            store = worker_context(settings).store
+            store.check_eviction()
+            store.check_format()
+        except (RedisUnavailable, RedisRefused) as exc:
             # Celery logs and ignores what a worker_init handler raises, except SystemExit.
             log.critical("refusing to start: %s", exc.message)
             raise SystemExit(2) from exc

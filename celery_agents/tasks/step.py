@@ -23,22 +23,36 @@ from celery_agents.store import Store
 from celery_agents.tasks.celery_app import app, worker_settings
 from celery_agents.tasks.config import STEP_TASK, Dispatcher
 from celery_agents.tasks.context import execution_owner, worker_context
-from celery_agents.tasks.recycle import leave_if_outrun
+
+#: the request of a step a released slot woke (a fleet concurrency limit), and of its one retry
+WOKEN, WOKEN_AGAIN = "woken", "woken-again"
 
 
-def publish_after_step(dispatcher: Dispatcher, store: Store, session_id: str, result: StepResult) -> None:
+def publish_after_step(
+    dispatcher: Dispatcher, store: Store, session_id: str, result: StepResult, request: str = ""
+) -> None:
     """After a commit: dispatched calls to their queues, then the next step if one is owed; a child
-    session that ended records its outcome into its parent's call, which may wake the parent."""
+    session that ended records its outcome into its parent's call, which may wake the parent. A
+    step a fleet limit put back is published again for the time its model call may start (a step
+    waiting for a slot is not: a released slot wakes it); the steps a released slot woke are
+    published now."""
     if result.outcome == "committed":
         for call in result.dispatch:
             dispatcher.call(session_id, call)
         if result.owed:
-            dispatcher.step(session_id, result.version)
+            dispatcher.step(session_id, result.version, priority=result.priority)
+    throttled = result.throttled
+    if throttled is not None and throttled.requeue:
+        # Counted from Redis's clock on both ends (the admission's now and until); the countdown
+        # itself runs on the clock of the worker that takes the message.
+        dispatcher.step(session_id, result.version, request, priority=result.priority, countdown=throttled.countdown)
+    for woken in result.woken:
+        dispatcher.step(woken.session_id, woken.version, WOKEN, priority=woken.priority)
     if result.parent is not None and result.state in (State.COMPLETED, State.FAILED):
         checkpoint("child_finished", store, session_id)
         finished = settle_parent(store, store.header(session_id))
         if finished is not None and finished.woken:
-            dispatcher.step(result.parent, finished.version)
+            dispatcher.step(result.parent, finished.version, priority=finished.priority)
 
 
 class StepRequest(Request):  # type: ignore[misc]  # Celery is untyped
@@ -91,6 +105,9 @@ def step(self: Any, session_id: str, expected_version: int, request: str = "") -
             checkpoint("after_commit", ctx.store, session_id)
             if result.parent is not None:
                 checkpoint("child_committed", ctx.store, session_id)
-        publish_after_step(Dispatcher(app), ctx.store, session_id, result)
-    leave_if_outrun()
+        publish_after_step(Dispatcher(app), ctx.store, session_id, result, request or "")
+        if result.outcome == "busy" and request == WOKEN:
+            # Woken by a released slot while the step that queued it was still letting its lease
+            # go: it looks once more shortly after (the sweeper would, much later).
+            Dispatcher(app).step(session_id, int(expected_version), WOKEN_AGAIN, countdown=0.2)
     return result.outcome

@@ -7,8 +7,7 @@ in flight at once, and one process per core lets steps use every core despite th
 replaced. The supervisor itself calls no model: it holds the worker's services (heartbeat under
 the worker's name, sweeper, completions), forwards SIGTERM/SIGINT (warm shutdown: steps in flight
 finish) and SIGQUIT (cold) to its Celery workers, and starts again any that exits while it is not
-stopping: a steps process leaves by itself when a python tool outran its timeout in one of its
-threads (see `tasks/recycle.py`).
+stopping.
 
 The Celery workers are forked, not started afresh: the supervisor forks a zygote before it starts
 any thread, the zygote imports what a Celery worker needs (Celery's worker, the app, litellm when
@@ -485,6 +484,8 @@ def child_main(role: str, parent: int, ready_fd: int, argv: list[str]) -> None:
 
     def say_ready(**_: object) -> None:
         os.write(ready_fd, f"{os.getpid()}\n".encode())
+        if role == "steps":
+            log.info("steps process %s: GIL switch interval %g s", os.getpid(), sys.getswitchinterval())
 
     worker_ready.connect(say_ready, weak=False)
 

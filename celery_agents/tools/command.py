@@ -12,12 +12,12 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from celery_agents.model import TrackedCall
+from celery_agents.model import CallMeta, CallOutcome
 from celery_agents.model.agent import Limits
-from celery_agents.scheduler.ports import CallOutcome
 from celery_agents.tools.output import capped_note, media_from_bytes, parse_output, split_media
 from celery_agents.tools.process import ProcessResult
 
@@ -49,16 +49,20 @@ def resolve_argv(argv: list[str], base_dir: str | None) -> list[str]:
     return out
 
 
-def call_env(session_id: str, call: TrackedCall, agents_exe: bool = False) -> dict[str, str]:
-    """The call's variables; agents-exe executables also get the names they know."""
-    env = {
-        "AGENTS_SESSION_ID": session_id,
-        "AGENTS_CALL_ID": call.call_id,
-        "AGENTS_IDEMPOTENCY_KEY": call.idempotency_key(session_id),
-    }
-    if agents_exe:
-        env["AGENT_SESSION_ID"] = session_id
-        env["AGENT_CONVERSATION_ID"] = session_id
+#: what a command or python tool (runSync, runAsync) gets of the worker's own environment, besides
+#: the call's variables, the names its `env` lists and those of AGENTS_TOOL_ENV
+TOOL_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ")
+
+
+def tool_environment(call_vars: dict[str, str], names: Iterable[str], shared: Iterable[str] = ()) -> dict[str, str]:
+    """The environment of a tool's process: an allow-list of the worker's environment (never its
+    own `AGENTS_*` settings, its Redis URL, its keys), then the call's variables."""
+    env = {k: os.environ[k] for k in TOOL_ENV if k in os.environ}
+    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    for name in (*shared, *names):
+        if name in os.environ and not name.upper().startswith("AGENTS_"):
+            env[name] = os.environ[name]
+    env.update(call_vars)
     return env
 
 
@@ -103,7 +107,7 @@ def outcome_of(
         return CallOutcome(
             state="failed",
             **base,
-            meta={"timed_out": True, "retryable": True},
+            meta=CallMeta(timed_out=True, retryable=True),
             error=(
                 f"the tool did not finish within {timeout:g} s and was killed (its whole process group: "
                 "SIGTERM, then SIGKILL)" + (f"; its last error output: {_tail(stderr)}" if stderr.strip() else "")
@@ -116,19 +120,19 @@ def outcome_of(
         return CallOutcome(
             state="failed",
             **base,
-            meta={"signal": -res.exit_status},
+            meta=CallMeta(signal=-res.exit_status),
             error=text + (f"; its error output: {_tail(stderr)}" if stderr.strip() else ""),
         )
     if res.exit_status != 0:
         return CallOutcome(
             state="failed",
             **base,
-            meta={"retryable": res.exit_status == EX_TEMPFAIL},
+            meta=CallMeta(retryable=res.exit_status == EX_TEMPFAIL),
             error=_tail(stderr) or f"the tool exited with status {res.exit_status}",
         )
-    meta: dict[str, Any] = {}
+    meta = CallMeta()
     if res.stdout_truncated:
-        meta["output_capped"] = {"written": res.stdout_bytes, "cap": len(res.stdout)}
+        meta = CallMeta(output_capped={"written": res.stdout_bytes, "cap": len(res.stdout)})
     if media_type and res.stdout and not res.stdout_truncated:
         media = media_from_bytes(res.stdout, media_type)
         return CallOutcome(

@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable
 
 from celery_agents.backoff import exponential_backoff
+from celery_agents.model import CallMeta, CallOutcome
 from celery_agents.model.agent import Disposition, Limits, ToolSpec
-from celery_agents.scheduler.ports import CallOutcome
 from celery_agents.tools.cancel import cancelled
 from celery_agents.tools.output import cut
 
@@ -48,12 +48,12 @@ def with_retries(
     for attempt in range(1, allowed + 1):
         outcome = once()
         outcome.attempts = attempt
-        if outcome.state == "completed" or not outcome.meta.get("retryable") or attempt == allowed or cancelled():
+        if outcome.state == "completed" or not outcome.meta.retryable or attempt == allowed or cancelled():
             break
         errors.append(outcome.error or "failed")
         sleep(backoff_delay(disp, attempt))
     if errors:
-        outcome.meta["earlier_attempts"] = errors
+        outcome.meta |= CallMeta(earlier_attempts=errors)
         outcome.duration_ms = (time.monotonic() - started) * 1000
     return outcome
 
@@ -63,5 +63,5 @@ def apply_truncate(outcome: CallOutcome, limit: int | None) -> CallOutcome:
         return outcome
     outcome.result, size = cut(outcome.result, limit)
     if size is not None:
-        outcome.meta["truncated"] = {"bytes": size, "limit": limit}
+        outcome.meta |= CallMeta(truncated={"bytes": size, "limit": limit})
     return outcome

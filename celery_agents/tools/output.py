@@ -13,9 +13,8 @@ import binascii
 import json
 from typing import Any
 
-from celery_agents.model import Media
+from celery_agents.model import CallMeta, CallOutcome, Media
 from celery_agents.model.limits import UnusableJson, load_json
-from celery_agents.scheduler.ports import CallOutcome
 
 
 def parse_output(text: str) -> Any:
@@ -127,5 +126,5 @@ def bound_outcome(outcome: CallOutcome, max_bytes: int) -> CallOutcome:
         f"{kept}\n[cut: the result was {size} bytes, more than AGENTS_MAX_RESULT_BYTES ({max_bytes}){dropped}]"
     )
     outcome.media = []
-    outcome.meta["result_capped"] = {"size": size, "cap": max_bytes}
+    outcome.meta |= CallMeta(result_capped={"size": size, "cap": max_bytes})
     return outcome

@@ -16,6 +16,7 @@ import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import IO, Protocol
 
 from celery_agents.tools.cancel import cancelled
 
@@ -42,10 +43,25 @@ class ProcessResult:
         return self.stdout_bytes > len(self.stdout)
 
 
+class Leader(Protocol):
+    """A tool's process as it is supervised: a `subprocess.Popen`, or a call forked by the fork
+    server (forkserver.py `ForkedCall`), which is not this process's child."""
+
+    pid: int
+    stdin: IO[bytes] | None
+    stdout: IO[bytes] | None
+    stderr: IO[bytes] | None
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
 class _Pump:
     """Feeds stdin and collects stdout (first `cap` bytes) and stderr (last `err_cap` bytes)."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], stdin: bytes, cap: int, err_cap: int) -> None:
+    def __init__(self, proc: Leader, stdin: bytes, cap: int, err_cap: int) -> None:
         self.sel = selectors.DefaultSelector()
         self.cap, self.err_cap = cap, err_cap
         self.out = bytearray()
@@ -62,10 +78,13 @@ class _Pump:
             proc.stdin.close()
         self.sel.register(proc.stdout, selectors.EVENT_READ, "out")
         self.sel.register(proc.stderr, selectors.EVENT_READ, "err")
-        # A pidfd turns readable when the leader exits: no polling for the exit.
+        # A pidfd turns readable when the leader exits: no polling for the exit. A forked call's
+        # reaper says so on a pipe of its own (`exit_fd`), which this does not close.
         self.pidfd: int | None = None
+        self.owns_pidfd = True
         try:
-            self.pidfd = os.pidfd_open(proc.pid)
+            exit_fd = getattr(proc, "exit_fd", None)
+            self.pidfd, self.owns_pidfd = (exit_fd, False) if exit_fd is not None else (os.pidfd_open(proc.pid), True)
             self.sel.register(self.pidfd, selectors.EVENT_READ, "exit")
         except (AttributeError, OSError):
             self.pidfd = None
@@ -93,7 +112,8 @@ class _Pump:
     def _close_pidfd(self) -> None:
         if self.pidfd is not None:
             self.sel.unregister(self.pidfd)
-            os.close(self.pidfd)
+            if self.owns_pidfd:
+                os.close(self.pidfd)
             self.pidfd = None
 
     def _write(self, stream: object) -> None:
@@ -138,10 +158,12 @@ class _Pump:
         self.sel.close()
 
 
-def _leader_exited(proc: subprocess.Popen[bytes]) -> bool:
+def _leader_exited(proc: Leader) -> bool:
     """Whether the leader has exited, without reaping it: its pid keeps naming the group."""
     if proc.returncode is not None:
         return True
+    if not isinstance(proc, subprocess.Popen):  # not our child: its reaper says
+        return proc.poll() is not None
     try:
         return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
     except ChildProcessError:
@@ -187,7 +209,7 @@ def signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
-def kill_group(proc: subprocess.Popen[bytes], grace: float = 1.0) -> None:
+def kill_group(proc: Leader, grace: float = 1.0) -> None:
     """SIGTERM the process group; SIGKILL it when anything is left after `grace` seconds."""
     pgid = proc.pid
     signal_group(pgid, signal.SIGTERM)
@@ -234,6 +256,20 @@ def run_process(
             False,
             (time.monotonic() - started) * 1000,
         )
+    return supervise(proc, stdin, started, timeout=timeout, output_cap=output_cap, stderr_cap=stderr_cap, grace=grace)
+
+
+def supervise(
+    proc: Leader,
+    stdin: bytes,
+    started: float,
+    *,
+    timeout: float,
+    output_cap: int,
+    stderr_cap: int = STDERR_CAP,
+    grace: float = 1.0,
+) -> ProcessResult:
+    """Feed, read and watch a started process until it ends, its timeout or a cancel."""
     pump = _Pump(proc, stdin, output_cap, stderr_cap)
     try:
         timed_out = _watch(proc, pump, started + timeout, grace)
@@ -253,7 +289,7 @@ def run_process(
     )
 
 
-def _watch(proc: subprocess.Popen[bytes], pump: _Pump, deadline: float, grace: float) -> bool:
+def _watch(proc: Leader, pump: _Pump, deadline: float, grace: float) -> bool:
     """Pump the tool's output until it ends, its deadline passes or the call is cancelled (then its
     group is killed), and drain what it wrote a moment longer. True when the deadline passed."""
     timed_out = False

@@ -1,10 +1,20 @@
-"""Calling a python tool: in the worker (runSync, runAsync) or in a child interpreter (runIsolated).
+"""Calling a python tool in a child interpreter of its own, for every disposition.
 
-Either way the answer is an envelope: `{"ok": true, "value": ...}` or `{"ok": false, "kind":
-"load" | "arguments" | "exception", "error": ..., "retryable": ...}`. An exception marks itself
-retryable with a `retryable = True` attribute. In the worker the call runs in a thread so the
-timeout can be reported; such a thread cannot be killed and runs on until the worker's pool
-process that holds it is replaced after its task (runIsolated kills).
+For runSync and runAsync the child is forked by the worker process's fork server (forkserver.py),
+which was started with the allow-listed environment and has imported what calling needs; the
+child takes the call's environment (tools/command.py `tool_environment`) and working directory
+from its request, leads its own process group and is killed at the timeout, as a command tool is.
+runIsolated starts `python -I -B -c CHILD_BOOTSTRAP` in the sandbox (so does a worker process
+whose fork server cannot start). Either way the request (function, arguments, import path, output
+cap) is on the child's stdin, and a python tool never sees the worker's environment, memory or
+keys; one that hangs is killed instead of running on in the worker.
+
+The answer is an envelope on the child's stdout: `{"ok": true, "value": ...}` or `{"ok": false,
+"kind": "load" | "arguments" | "exception", "error": ..., "retryable": ...}`. An exception marks
+itself retryable with a `retryable = True` attribute. What the tool prints goes to its stderr.
+
+A child started afresh imports only what calling needs (this module, tools/signature.py and
+pydantic); its start is most of what such a call costs (docs/tools.md gives the figures).
 """
 
 from __future__ import annotations
@@ -12,10 +22,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-import threading
 from typing import Any
 
-from celery_agents.tools.output import cut
 from celery_agents.tools.signature import BadArguments, bind_arguments, load_function
 
 #: what the child interpreter runs (`python -I -B -c CHILD_BOOTSTRAP`, the request on stdin)
@@ -64,36 +72,18 @@ def call_function(spec: str, arguments: Any, folder: str | None = None) -> dict[
     return {"ok": True, "value": jsonable(value)}
 
 
-_overrun: list[threading.Thread] = []
-_overrun_lock = threading.Lock()
-
-
-def call_in_thread(spec: str, arguments: Any, timeout: float, folder: str | None = None) -> dict[str, Any] | None:
-    """The envelope, or None when the call did not finish within `timeout` seconds (the thread
-    then runs on: see `overrunning_calls`)."""
-    box: list[dict[str, Any]] = []
-    thread = threading.Thread(
-        target=lambda: box.append(call_function(spec, arguments, folder)), name=f"tool:{spec}", daemon=True
-    )
-    thread.start()
-    thread.join(timeout)
-    if box:
-        return box[0]
-    with _overrun_lock:
-        _overrun.append(thread)
-    return None
-
-
-def overrunning_calls() -> list[str]:
-    """The python tool calls of this process still running past their timeout (a thread cannot be
-    killed; a worker's pool process leaves after its task so that the pool starts a fresh one)."""
-    with _overrun_lock:
-        _overrun[:] = [t for t in _overrun if t.is_alive()]
-        return [t.name.removeprefix("tool:") for t in _overrun]
-
-
-def child_request(spec: str, arguments: Any, path: list[str], output_cap: int) -> bytes:
-    return json.dumps({"function": spec, "arguments": arguments, "path": path, "output_cap": output_cap}).encode()
+def child_request(
+    spec: str,
+    arguments: Any,
+    path: list[str],
+    output_cap: int,
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
+) -> bytes:
+    """The request a child reads on its stdin; `env` and `cwd` are for a child forked by the fork
+    server (one started afresh gets them from its parent)."""
+    request = {"function": spec, "arguments": arguments, "path": path, "output_cap": output_cap, "env": env, "cwd": cwd}
+    return json.dumps(request).encode()
 
 
 def child_main(request: dict[str, Any]) -> None:
@@ -105,6 +95,8 @@ def child_main(request: dict[str, Any]) -> None:
     text = json.dumps(envelope, ensure_ascii=False)
     cap = int(request.get("output_cap") or 0)
     if cap and len(text.encode()) > cap and envelope.get("ok"):
+        from celery_agents.tools.output import cut  # only when it is needed: it imports the models
+
         value, size = cut(envelope["value"], max(cap - 1024, 256))
         text = json.dumps(
             {"ok": True, "value": value, "output_capped": {"written": size, "cap": cap}}, ensure_ascii=False

@@ -1,6 +1,7 @@
 """The runIsolated sandbox: one tool run in a confined child process, with nothing of the worker.
 
-Each run gets a fresh temporary working directory (removed afterwards, also `HOME` and `TMPDIR`),
+Each run gets a fresh temporary working directory (also `HOME` and `TMPDIR`; removed afterwards
+without following any link the tool left there: `rundir.py`),
 an environment built from an allow-list (`PATH`, `LANG`, the call's `AGENTS_*` variables and only
 the variables the tool names in `env`), rlimits (address space, CPU seconds, open files, file
 size, processes; `Limits` defaults below, overridden by the tool then the disposition), a
@@ -39,10 +40,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from celery_agents.config import Settings
+from celery_agents.model import CallMeta
 from celery_agents.model.agent import Limits
 from celery_agents.tools.bubblewrap import bwrap_argv, bwrap_path
 from celery_agents.tools.cgroup import Cgroups
 from celery_agents.tools.process import ProcessResult, run_process
+from celery_agents.tools.rundir import remove_run_dir
 
 log = logging.getLogger(__name__)
 
@@ -111,18 +114,18 @@ class SandboxRun:
     status: dict[str, object] = field(default_factory=dict)
 
     @property
-    def meta(self) -> dict[str, object]:
-        out: dict[str, object] = {
-            "isolation": self.isolation,
-            "uid": self.uid,
-            "limits": self.limits.model_dump(by_alias=True, exclude_none=True),
-        }
-        if self.status.get("uid_note"):
-            out["uid_note"] = self.status["uid_note"]
-        out["memory_scope"] = self.status.get("memory_scope", "process")
-        if self.status.get("oom_kills"):
-            out["oom_kills"] = self.status["oom_kills"]
-        return out
+    def meta(self) -> CallMeta:
+        """How the run was confined, as the call's meta keeps it."""
+        meta = CallMeta(
+            isolation=self.isolation, uid=self.uid, limits=self.limits.model_dump(by_alias=True, exclude_none=True)
+        )
+        note, kills = self.status.get("uid_note"), self.status.get("oom_kills")
+        if note:
+            meta |= CallMeta(uid_note=str(note))
+        meta |= CallMeta(memory_scope=str(self.status.get("memory_scope", "process")))
+        if isinstance(kills, int) and kills:
+            meta |= CallMeta(oom_kills=kills)
+        return meta
 
     @property
     def out_of_memory(self) -> str | None:
@@ -166,11 +169,17 @@ def sandbox_env(call_env: dict[str, str], names: Iterable[str], workdir: str) ->
     return env
 
 
+def program_paths(argv: list[str]) -> list[str]:
+    """What a sandboxed command cannot run without: its program and the files its declared argv
+    names (the agent file's, not the model's)."""
+    found = shutil.which(argv[0]) if argv else None
+    return [*([found] if found else []), *(a for a in argv if os.path.isabs(a) and os.path.exists(a))]
+
+
 def python_paths() -> list[str]:
     """What a child interpreter needs to import what this one imports."""
-    import celery_agents
-
-    paths = [*python_install(), str(Path(celery_agents.__file__).parent.parent)]
+    package = Path(__file__).parent.parent  # celery_agents/, from celery_agents/tools/sandbox.py
+    paths = [*python_install(), str(package.parent)]
     paths += [p for p in sys.path if p and os.path.exists(p)]
     return list(dict.fromkeys(os.path.abspath(p) for p in paths))
 
@@ -342,7 +351,7 @@ class Sandbox:
             wait = timeout + grace + _BACKSTOP
             result, status = _supervised(cfg, stdin, env, workdir, limits.output_bytes or 1_000_000, wait, grace)
         finally:
-            _remove(workdir)
+            remove_run_dir(workdir)
             if cgroup is not None:
                 oom_kills = cgroup.oom_kills()
                 cgroup.remove()
@@ -488,18 +497,3 @@ def _read_status(fd: int) -> dict[str, object]:
         return json.loads(data.decode().strip().splitlines()[-1]) if data.strip() else {}
     except (json.JSONDecodeError, IndexError):
         return {}
-
-
-def _remove(path: str) -> None:
-    def retry(func: object, p: str, _exc: object) -> None:
-        try:
-            os.chmod(os.path.dirname(p), 0o700)
-            os.chmod(p, 0o700)
-            if os.path.isdir(p) and not os.path.islink(p):
-                shutil.rmtree(p, ignore_errors=True)
-            else:
-                os.unlink(p)
-        except OSError:
-            pass
-
-    shutil.rmtree(path, onerror=retry)

@@ -11,7 +11,8 @@ prints the tool's JSON description, as agents-exe's bash tools do:
 
 or, instead of `args`, a JSON Schema under `parameters` (the arguments then arrive as one JSON
 object on stdin). `X run ...` executes it: `args` are passed as their `mode` says. The tools are
-described when the agent file is loaded; the stored agent carries them as `script` tools.
+described when the agent is resolved (`resolve.py`); the stored agent carries them as `script`
+tools.
 """
 
 from __future__ import annotations

@@ -10,11 +10,11 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import redis
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException
 
 from celery_agents import __version__
 from celery_agents.client import Client
@@ -28,15 +28,14 @@ HERE = Path(__file__).parent
 log = logging.getLogger("celery_agents.serve")
 #: JSON escapes can make a body several times the text it carries; an agent object comes on top
 _BODY_OVERHEAD = 1024 * 1024
+#: the contract's code for each status the framework answers by itself
+_HTTP_CODES = {400: "invalid_input", 404: "not_found", 405: "method_not_allowed"}
 
 
 def create_app(settings: Settings | None = None, client: Client | None = None) -> Any:
     """The ASGI application (the FastAPI app wrapped in the `Guard`)."""
     settings = settings or Settings.from_env()
-    client = client or Client(settings)
-    client.store  # noqa: B018 — made now, not raced for by the first requests' threads
-    if not client.inline:
-        client.dispatcher  # noqa: B018
+    client = (client or Client(settings)).connect()  # now, not raced for by the first requests' threads
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -54,7 +53,7 @@ def create_app(settings: Settings | None = None, client: Client | None = None) -
     )
     app.state.client = client
     app.state.credentials = Credentials(settings.api_token)
-    app.state.metrics = registry_for(client.store)
+    app.state.metrics = registry_for(client)
     app.include_router(api.router)
     app.include_router(page.router)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
@@ -67,7 +66,7 @@ def create_app(settings: Settings | None = None, client: Client | None = None) -
 
     max_body = 6 * max(settings.max_prompt_bytes, settings.max_result_bytes) + _BODY_OVERHEAD
     app.state.throttle = Throttle()
-    return Guard(app, app.state.credentials, max_body, app.state.throttle)
+    return Guard(app, app.state.credentials, max_body, app.state.throttle, settings.trusted_proxies)
 
 
 def _mount_docs(app: FastAPI) -> None:
@@ -86,17 +85,14 @@ def _mount_docs(app: FastAPI) -> None:
 
 def _handle_errors(app: FastAPI) -> None:
     def is_api(request: Request) -> bool:
-        return request.url.path.startswith("/v1/")
+        """Programs' paths: their errors are JSON (the page's are pages)."""
+        return request.url.path.startswith("/v1/") or request.url.path == "/metrics"
 
     @app.exception_handler(AgentsError)
     async def agents_error(request: Request, exc: AgentsError) -> Response:
         if is_api(request):
             return api.error_response(exc)
         return page.problem_page(request, exc)
-
-    @app.exception_handler(redis.RedisError)
-    async def redis_error(request: Request, exc: redis.RedisError) -> Response:
-        return api.redis_error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> Response:
@@ -105,6 +101,14 @@ def _handle_errors(app: FastAPI) -> None:
             for e in exc.errors()
         )
         return api.error_response(InvalidInput(problems[:2000] or "invalid request"))
+
+    @app.exception_handler(HTTPException)
+    async def refused(request: Request, exc: HTTPException) -> Response:
+        """What the framework refuses itself: a body it cannot parse, an unknown route, a method
+        the route does not take."""
+        code = _HTTP_CODES.get(exc.status_code, "invalid_input" if exc.status_code < 500 else "internal_error")
+        body = {"error": {"code": code, "message": str(exc.detail)}}
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> Response:

@@ -17,8 +17,8 @@ import anyio
 from anyio.to_thread import run_sync
 from starlette.requests import Request
 
+from celery_agents.client import WATCH_RENEW_S, Client
 from celery_agents.model import FINAL_EVENTS
-from celery_agents.store import Store
 
 #: how long one read waits for new events (ms): also how soon a closed stream frees its thread
 BLOCK_MS = 1000
@@ -41,15 +41,20 @@ def sse_frame(event: dict[str, Any]) -> str:
     return f"id: {event['id']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
 
 
-async def event_stream(store: Store, session_id: str, after: str, request: Request) -> AsyncIterator[str]:
+async def event_stream(client: Client, session_id: str, after: str, request: Request) -> AsyncIterator[str]:
     yield f"retry: {RETRY_MS}\n\n"
-    quiet_since = time.monotonic()
+    quiet_since = watched = time.monotonic()
+    await run_sync(client.watch, session_id, limiter=_stream_limiter())  # its model calls stream
     while not await request.is_disconnected():
-        events = await run_sync(_read, store, session_id, after, limiter=_stream_limiter())
+        if time.monotonic() - watched > WATCH_RENEW_S:
+            await run_sync(client.watch, session_id, limiter=_stream_limiter())
+            watched = time.monotonic()
+        events = await run_sync(_read, client, session_id, after, limiter=_stream_limiter())
         for e in events:
             after = e["id"]
             yield sse_frame(e)
-        if any(e["type"] in FINAL_EVENTS for e in events) and await run_sync(_ended, store, session_id):
+        # The session is over, not merely replaying an ending that a later message continued.
+        if any(e["type"] in FINAL_EVENTS for e in events) and await run_sync(client.ended, session_id):
             return
         if events:
             quiet_since = time.monotonic()
@@ -58,10 +63,5 @@ async def event_stream(store: Store, session_id: str, after: str, request: Reque
             yield ": keep-alive\n\n"
 
 
-def _ended(store: Store, session_id: str) -> bool:
-    """The session is over (not merely replaying an ending that a later message continued)."""
-    return store.header(session_id).status.value != "active"
-
-
-def _read(store: Store, session_id: str, after: str) -> list[dict[str, Any]]:
-    return store.read_events(session_id, after, block_ms=BLOCK_MS)
+def _read(client: Client, session_id: str, after: str) -> list[dict[str, Any]]:
+    return client.read_events(session_id, after, block_ms=BLOCK_MS)

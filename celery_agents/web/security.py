@@ -1,8 +1,10 @@
 """Who may talk to `agents serve`, and what every answer carries.
 
-One ASGI layer in front of every route decides, before a route runs: the bearer token (or the
-page's cookie derived from it) when `AGENTS_API_TOKEN` is set; loopback `Host` headers only when it
-is not (a page on another site cannot reach a token-less server through DNS rebinding); no
+One ASGI layer in front of every route decides, before a route runs: who the client is (the
+socket peer, or what a proxy in `AGENTS_TRUSTED_PROXIES` says in `X-Forwarded-For`); the bearer
+token (or the page's cookie derived from it) when `AGENTS_API_TOKEN` is set, a client past its
+budget of wrong tokens having one weighed a second (`Throttle`); loopback `Host` headers only when
+it is not (a page on another site cannot reach a token-less server through DNS rebinding); no
 state-changing request from another site; request bodies bounded. Every answer gets a strict
 Content-Security-Policy (no inline script, nothing from another origin) and its neighbours.
 """
@@ -17,10 +19,12 @@ import math
 import secrets
 import time
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from celery_agents.config import IPNetwork
 from celery_agents.errors import InvalidInput
 
 Scope = MutableMapping[str, Any]
@@ -51,12 +55,17 @@ SECURITY_HEADERS = {
     "cross-origin-resource-policy": "same-origin",
 }
 _UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-#: wrong tokens (bearer, page cookie or login form) one client address may give within
-#: `AUTH_WINDOW_S` seconds; then it is answered 429 until the oldest of them is that old
+#: wrong tokens (bearer, page cookie or login form) one client may give within `AUTH_WINDOW_S`
+#: seconds; past them its tokens are weighed at most once per `ADMIT_INTERVAL_S`
 AUTH_FAILURES_ALLOWED = 20
 AUTH_WINDOW_S = 60.0
-#: client addresses whose failures are remembered at once (the least recent are forgotten first)
-_TRACKED_ADDRESSES = 10_000
+#: how often a throttled client has a token weighed; its other requests get 429, unweighed
+ADMIT_INTERVAL_S = 1.0
+#: clients remembered at once (the least recent are forgotten first): at most
+#: `AUTH_FAILURES_ALLOWED` times per client in memory, about 14 MB, however addresses rotate
+TRACKED_CLIENTS = 10_000
+#: the shortest `AGENTS_API_TOKEN` served on an address other machines can reach
+MIN_TOKEN_CHARS = 32
 
 
 def is_loopback(host: str) -> bool:
@@ -71,11 +80,18 @@ def is_loopback(host: str) -> bool:
 
 
 def check_bind(host: str, token: str | None) -> None:
-    """Without a token, `serve` listens on a loopback address only."""
-    if token is None and not is_loopback(host):
+    """Without a token of `MIN_TOKEN_CHARS` or more, `serve` listens on a loopback address only."""
+    if is_loopback(host):
+        return
+    if token is None:
         raise InvalidInput(
             f"refusing to serve on {host!r} without AGENTS_API_TOKEN: anyone who reaches it could run agents "
             "and complete calls. Set AGENTS_API_TOKEN to a long random secret, or serve on 127.0.0.1"
+        )
+    if len(token) < MIN_TOKEN_CHARS:
+        raise InvalidInput(
+            f"refusing to serve on {host!r} with an AGENTS_API_TOKEN of {len(token)} characters: an address "
+            f"others can reach needs at least {MIN_TOKEN_CHARS} (e.g. `openssl rand -hex 32`), or serve on 127.0.0.1"
         )
 
 
@@ -110,40 +126,109 @@ class Credentials:
         return bool(cookie) and self.cookie is not None and hmac.compare_digest(cookie.encode(), self.cookie.encode())
 
 
+@dataclass
+class _Guesses:
+    """One client's recent wrong tokens, and when it may next have a token weighed."""
+
+    misses: deque[float]
+    next_weighed: float = 0.0
+
+
 class Throttle:
-    """Wrong tokens per client address within a sliding window, in this process: guessing the
-    token is refused (429) after `allowed` failures, whatever the next guess is, so the answers
-    stop telling a right token from a wrong one. Behind a proxy every client shares its address:
-    the lock-out then covers them all for at most `window` seconds."""
+    """Token guesses per client, in this process. A client may give `allowed` wrong tokens within
+    `window` seconds; past that budget its requests that carry a token are weighed at most once
+    per `interval` and the others are answered 429 with Retry-After *without being weighed*, so a
+    guesser learns nothing from them, whatever it sends. A right token from that client is
+    weighed at its turn (delayed, never refused for good); a right token from any other client is
+    never touched. The client is the socket peer or the address a trusted proxy names, never
+    one the client writes. An IPv6 client is its /64, which one host usually holds whole. The
+    `tracked` most recent clients are remembered, so rotating addresses cannot grow it."""
 
     def __init__(
         self,
         allowed: int = AUTH_FAILURES_ALLOWED,
         window: float = AUTH_WINDOW_S,
         clock: Callable[[], float] = time.monotonic,
+        tracked: int = TRACKED_CLIENTS,
+        interval: float = ADMIT_INTERVAL_S,
     ) -> None:
-        self.allowed, self.window, self.clock = allowed, window, clock
-        self._failures: OrderedDict[str, deque[float]] = OrderedDict()
+        self.allowed, self.window, self.clock, self.tracked = allowed, window, clock, tracked
+        self.interval = interval
+        self._clients: OrderedDict[str, _Guesses] = OrderedDict()
 
-    def retry_after(self, address: str) -> int:
-        """Seconds until `address` may try again (0: now)."""
-        failures = self._failures.get(address)
-        if failures is None or len(failures) < self.allowed:
+    def __len__(self) -> int:
+        return len(self._clients)
+
+    def weigh(self, address: str) -> int:
+        """Whether a token `address` sent may be weighed now: 0, or the seconds (Retry-After)
+        before its next one is."""
+        guesses = self._clients.get(_client_key(address))
+        now = self.clock()
+        if guesses is None or not self._over_budget(guesses, now):
             return 0
-        wait = failures[0] + self.window - self.clock()
-        return math.ceil(wait) if wait > 0 else 0
+        if now >= guesses.next_weighed:
+            guesses.next_weighed = now + self.interval
+            return 0
+        return max(1, math.ceil(guesses.next_weighed - now))
 
-    def failed(self, address: str) -> None:
-        failures = self._failures.pop(address, None) or deque(maxlen=self.allowed)
-        failures.append(self.clock())
-        self._failures[address] = failures
-        while len(self._failures) > _TRACKED_ADDRESSES:
-            self._failures.popitem(last=False)
+    def missed(self, address: str) -> None:
+        """Count a wrong token from `address`."""
+        key = _client_key(address)
+        guesses = self._clients.pop(key, None) or _Guesses(deque(maxlen=self.allowed))
+        self._clients[key] = guesses  # the most recent client now
+        while len(self._clients) > self.tracked:
+            self._clients.popitem(last=False)
+        now = self.clock()
+        guesses.misses.append(now)
+        if self._over_budget(guesses, now):  # the budget is spent: the next token waits its turn
+            guesses.next_weighed = max(guesses.next_weighed, now + self.interval)
+
+    def _over_budget(self, guesses: _Guesses, now: float) -> bool:
+        misses = guesses.misses
+        return len(misses) == self.allowed and misses[0] > now - self.window
+
+
+def _client_key(address: str) -> str:
+    ip = _ip(address)
+    if ip is None:
+        return address
+    return str(ipaddress.ip_network(f"{ip}/64", strict=False)) if ip.version == 6 else str(ip)
 
 
 def client_address(scope: Scope) -> str:
     client = scope.get("client")
     return str(client[0]) if client else ""
+
+
+def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """An address as X-Forwarded-For or a socket peer gives it (`[::1]:80`, `10.0.0.1:5000` too)."""
+    for candidate in (text, _host_of(text)):
+        try:
+            ip = ipaddress.ip_address(candidate.strip())
+        except ValueError:
+            continue
+        return ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped else ip
+    return None
+
+
+def real_client(peer: str, forwarded_for: str, trusted: Sequence[IPNetwork]) -> str:
+    """The client of a request: the socket peer, or, while the hop at hand is a trusted proxy,
+    the address it appended to X-Forwarded-For, walking from the right. What a client writes
+    into the header itself is never reached unless a trusted proxy vouches for it; an entry that
+    is no address ends the walk at the last hop known."""
+    hop = peer
+    entries = forwarded_for.split(",")
+    while entries and _trusted(hop, trusted):
+        forwarded = _ip(entries.pop())
+        if forwarded is None:
+            break
+        hop = str(forwarded)
+    return hop
+
+
+def _trusted(address: str, networks: Sequence[IPNetwork]) -> bool:
+    ip = _ip(address)
+    return ip is not None and any(ip in network for network in networks)
 
 
 def new_csrf_token() -> str:
@@ -169,7 +254,7 @@ def too_many_guesses(wait: int) -> Answer:
     return _json_response(
         429,
         "too_many_requests",
-        f"too many wrong tokens from this address: try again in {wait} s",
+        f"too many wrong tokens from this address: its tokens are weighed once a second; try again in {wait} s",
         [(b"retry-after", str(wait).encode())],
     )
 
@@ -177,17 +262,27 @@ def too_many_guesses(wait: int) -> Answer:
 class Guard:
     """The ASGI layer described in the module docstring."""
 
-    def __init__(self, app: ASGIApp, credentials: Credentials, max_body_bytes: int, throttle: Throttle) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        credentials: Credentials,
+        max_body_bytes: int,
+        throttle: Throttle,
+        trusted_proxies: Sequence[IPNetwork] = (),
+    ) -> None:
         self.app = app
         self.credentials = credentials
         self.max_body_bytes = max_body_bytes
         self.throttle = throttle
+        self.trusted_proxies = tuple(trusted_proxies)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        if self.trusted_proxies:
+            self._behind_proxy(scope, headers)
         refusal = self._refusal(scope, headers)
         if refusal is None and scope["method"] in _UNSAFE_METHODS:
             body, refusal = await self._read_body(headers, receive)
@@ -204,6 +299,20 @@ class Guard:
 
         await self.app(scope, receive, send_with_headers)
 
+    def _behind_proxy(self, scope: Scope, headers: dict[str, str]) -> None:
+        """The client and scheme a trusted proxy names become the request's (for the throttle,
+        the page's `Secure` cookies and the access log)."""
+        peer = client_address(scope)
+        if not _trusted(peer, self.trusted_proxies):
+            return
+        forwarded_for = ",".join(v.decode("latin-1") for k, v in scope["headers"] if k.lower() == b"x-forwarded-for")
+        client = real_client(peer, forwarded_for, self.trusted_proxies)
+        if client != peer:
+            scope["client"] = (client, 0)
+        proto = headers.get("x-forwarded-proto", "").rsplit(",", 1)[-1].strip().lower()
+        if proto in ("http", "https"):
+            scope["scheme"] = proto
+
     def _refusal(self, scope: Scope, headers: dict[str, str]) -> Answer | None:
         path: str = scope["path"]
         host = headers.get("host", "")
@@ -213,16 +322,16 @@ class Guard:
             )
         if scope["method"] in _UNSAFE_METHODS and _cross_site(headers, host):
             return _json_response(403, "forbidden", "requests from another site are refused")
-        if path.startswith(PUBLIC_PREFIXES):
+        if path.startswith(PUBLIC_PREFIXES) or not self.credentials.required:
             return None
         cookies = _cookies(headers)
-        address = client_address(scope)
-        if self.credentials.required and (wait := self.throttle.retry_after(address)):
-            return too_many_guesses(wait)
-        if self.credentials.allows(headers, cookies):
-            return None
         if "authorization" in headers or cookies.get(AUTH_COOKIE):
-            self.throttle.failed(address)
+            # A throttled client's token is weighed at its turn only: the others are not looked at.
+            if wait := self.throttle.weigh(client_address(scope)):
+                return too_many_guesses(wait)
+            if self.credentials.allows(headers, cookies):
+                return None
+            self.throttle.missed(client_address(scope))
         if path.startswith(API_PREFIXES) or "text/html" not in headers.get("accept", ""):
             return _json_response(
                 401,

@@ -27,6 +27,7 @@ CONTRACT_KEYS = (
     "bytes_written_step_2",
     "bytes_written_step_200",
     "write_growth_ratio",
+    "paused_session_bytes",
     "cli_pending_wall_ms",
     "naive_steps_per_s",
     "naive_step_p50_ms",
@@ -40,6 +41,12 @@ CONTRACT_KEYS = (
     "slow_model_steps_per_s",
     "slow_model_peak_rss_mb",
     "slow_model_max_in_flight",
+    "slow_model_worker_cpu_ms_per_step",
+    "step_latency_vs_naive_http",
+    "limited_sessions",
+    "limited_wall_s",
+    "limited_429_failures",
+    "limited_rate_vs_limit",
 )
 # Only when the `bench` extra is installed and a PostgreSQL server answers; else `dbos_skipped`.
 DBOS_KEYS = ("dbos_steps_per_s", "dbos_step_p50_ms", "dbos_resume_p50_ms", "step_throughput_vs_dbos")
@@ -75,6 +82,8 @@ def test_quick_benchmark_prints_every_contract_key() -> None:
         assert isinstance(result[key], float) and result[key] > 0, (key, result[key])
     # The slow-model phase ran every session's three steps against the 1 s model.
     assert result["slow_model_sessions"] == 100 and result["slow_model_max_in_flight"] >= 1
+    # The limited phase ran its sessions' two model calls each under the fleet limit.
+    assert result["limited_sessions"] == 20 and result["limited_model_calls"] >= 40
     # The DBOS phase ran, or says why not (CI installs `.[dev]` without the `bench` extra).
     if "dbos_skipped" in result:
         assert isinstance(result["dbos_skipped"], str) and result["dbos_skipped"]

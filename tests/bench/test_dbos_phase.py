@@ -11,8 +11,8 @@ import uuid
 import pytest
 
 from bench.dbos_phase import bench_dbos, database_url, missing_dbos, reachable_server
+from bench.harness import Sizes
 from bench.processes import Processes
-from bench.run import Sizes, percentile
 
 DBOS_KEYS = ("dbos_steps_per_s", "dbos_step_p50_ms", "dbos_resume_p50_ms")
 
@@ -38,7 +38,7 @@ def test_the_dbos_phase_reports_its_three_keys_as_positive_numbers() -> None:
         pytest.skip(f"the DBOS phase cannot run here: {reason}")
     prefix = f"test{uuid.uuid4().hex[:8]}"
     with Processes() as procs:
-        result = bench_dbos(procs, prefix, 1, tiny_sizes(), database_url(None), percentile)
+        result = bench_dbos(procs, prefix, 1, tiny_sizes(), database_url(None))
     assert "dbos_skipped" not in result, result
     for key in DBOS_KEYS:
         value = result[key]
@@ -50,10 +50,10 @@ def test_the_dbos_phase_reports_its_three_keys_as_positive_numbers() -> None:
 
 def test_an_unreachable_server_skips_the_phase_with_a_reason() -> None:
     if missing_dbos():
-        result = bench_dbos(None, "x", 1, tiny_sizes(), None, percentile)  # type: ignore[arg-type]
+        result = bench_dbos(None, "x", 1, tiny_sizes(), None)  # type: ignore[arg-type]
         assert result["dbos_skipped"].startswith("DBOS is not installed")
         return
-    result = bench_dbos(None, "x", 1, tiny_sizes(), "postgresql://nobody@127.0.0.1:1/none", percentile)  # type: ignore[arg-type]
+    result = bench_dbos(None, "x", 1, tiny_sizes(), "postgresql://nobody@127.0.0.1:1/none")  # type: ignore[arg-type]
     assert list(result) == ["dbos_skipped"]
     assert "PostgreSQL cannot be reached" in result["dbos_skipped"]
 

@@ -60,12 +60,12 @@ def check_tree(store: Store, root: str) -> list[str]:
     for sid in tree:
         check_invariants(store, sid)
         calls = {c.field: c for c in store.calls(sid)}
-        started = sorted(str(c.meta["child"]) for c in calls.values() if c.meta.get("child"))
+        started = sorted(str(c.meta.child) for c in calls.values() if c.meta.child)
         children = store.children(sid)
         assert children == started, f"{sid} lists children {children}; its calls started {started}"
         for child in children:
             h = store.header(child)
-            assert (h.parent, h.parent_call) == (sid, next(f for f, c in calls.items() if c.meta.get("child") == child))
+            assert (h.parent, h.parent_call) == (sid, next(f for f, c in calls.items() if c.meta.child == child))
             call = calls[h.parent_call or ""]
             assert call.result == h.response, f"call {call.call_id} got {call.result!r}, its child said {h.response!r}"
         tree += children

@@ -12,7 +12,6 @@ import pytest
 import redis
 
 from celery_agents import Client
-from celery_agents.cli.doctor import diagnose
 from celery_agents.config import Settings
 from celery_agents.runtime.completions import GROUP
 from tests.chaos.conftest import Fleet, report
@@ -86,7 +85,7 @@ def test_poison_entries_are_rejected_and_the_batch_around_them_applies(
         assert reasons == ["invalid_entry", "invalid_entry", "invalid_result", "invalid_result", "invalid_result"]
         assert raw.xpending(stream, GROUP)["pending"] == 0, "every entry acknowledged"
         assert raw.xlen(stream) == 0
-        doc = diagnose(client)
+        doc = client.doctor()
         assert doc["completions"]["pending"] == 0
         assert next(c for c in doc["checks"] if c["name"] == "completions")["ok"]
     log = (tmp_path / "worker0.log").read_text()
@@ -132,7 +131,7 @@ def test_doctor_shows_stuck_completions(chaos_settings: Settings, redis_url: str
     raw.xreadgroup(GROUP, "a-consumer-that-died", {stream: ">"}, count=1)  # read, never acknowledged
     raw.xadd(stream, {"token": "y", "result": "2"})  # not read yet
     with Client(chaos_settings, inline=False) as client:
-        doc = diagnose(client)
+        doc = client.doctor()
     stuck = doc["completions"]
     assert stuck["pending"] == 1 and stuck["waiting"] == 2
     assert stuck["oldest_s"] >= 119

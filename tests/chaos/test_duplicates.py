@@ -20,6 +20,7 @@ from tests.chaos.invariants import check_invariants
 from tests.chaos.test_kill_worker import agent, conversation
 from tests.e2e.conftest import runs, wait_for
 from tests.support.llm_server import LlmServer
+from tests.support.queues import depth
 
 pytestmark = pytest.mark.slow
 
@@ -55,7 +56,7 @@ def test_duplicates_and_short_visibility_timeout_never_double_transition(
         wait_for(
             lambda: (
                 store.client.hlen(f"{broker}unacked") == 0
-                and sum(store.client.llen(f"{broker}{q}") for q in ("steps", "tools")) == 0
+                and sum(depth(store.client, broker, q) for q in ("steps", "tools")) == 0
             ),
             timeout=30,
             what="every copy to be acknowledged",

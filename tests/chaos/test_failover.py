@@ -13,7 +13,6 @@ import pytest
 import redis
 
 from celery_agents import Client
-from celery_agents.cli.doctor import diagnose
 from celery_agents.config import Settings
 from tests.chaos.conftest import report
 from tests.chaos.invariants import check_invariants
@@ -109,7 +108,7 @@ def test_a_worker_never_mixes_cached_turns_with_a_transcript_that_went_back(
             report("failover", status=h.status.value, tools_run=ran)
             assert ran == ["tool_kept"], "the lost turn's call never runs"
             check_invariants(client.store, sid)
-            doctor = diagnose(client)
+            doctor = client.doctor()
             (check,) = [c for c in doctor["checks"] if c["name"] == "rewound sessions"]
             assert not check["ok"] and sid in check["detail"]
     finally:

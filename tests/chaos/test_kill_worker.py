@@ -91,3 +91,46 @@ def test_sigkill_whole_worker(
         assert len(rows) == (2 if interrupted else 1), f"{tool} ran {len(rows)} times"
         assert len({r["key"] for r in rows}) == 1, "a re-run keeps the idempotency key"
     report(case, recovery_s=round(recovery, 2), model_requests=llm_server.count(scenario))
+
+
+def test_an_approved_gate_killed_while_it_runs_completes_once_and_never_runs_before_its_decision(
+    fleet: Fleet, chaos_settings: Settings, llm_server: LlmServer, write_agent: Any, tmp_path: Path
+) -> None:
+    log = tmp_path / "runs.jsonl"
+
+    def reply(body: dict[str, Any]) -> Reply:
+        if body["messages"][-1]["role"] == "tool":
+            return text("done")
+        return calls(("pay", {"x": 7, "sleep": 3}))
+
+    scenario = llm_server.scenario([reply])
+    gate = {"tag": "defer", "then": "runAsync", "reason": "a payment"}
+    path = write_agent(
+        {
+            "slug": "gated-chaos",
+            "model": f"openai/{scenario}",
+            "apiBase": llm_server.url,
+            "tools": [record_tool("pay", log)],
+            "toolCallPolicy": {"default": "runSync", "rules": [{"tool": "pay", "disposition": gate}]},
+        }
+    )
+    doomed = fleet.start()
+    with Client(chaos_settings, inline=False) as client:
+        store = client.store
+        view = client.start(path, "go", run=True, timeout=60)
+        (pending,) = view.pending
+        assert pending.kind == "approval" and runs(log, phase="start") == [], "nothing runs before its decision"
+        client.approve(pending.token or "", digest=pending.digest, by="chaos")
+        wait_for(lambda: runs(log, "pay", phase="start"), what="the approved call to start")
+        doomed.kill()
+        fleet.start()
+        wait_for(lambda: store.header(view.session_id).status.value != "active", timeout=90, what="the session")
+        check_invariants(store, view.session_id)
+        assert store.header(view.session_id).response == "done"
+        answers = store.turns(view.session_id)[2].tool_responses
+        assert [a.call_id for a in answers] == [pending.call_id], "one result, recorded once"
+    # Run again by the fresh worker, under the same idempotency key (a tool dedupes by it; the first
+    # run's process may even finish on its own after its worker died, as for any runAsync call).
+    starts = runs(log, "pay", phase="start")
+    assert len(starts) == 2 and {r["key"] for r in starts} == {r["key"] for r in runs(log, "pay")}
+    assert len({r["key"] for r in starts}) == 1 and starts[0]["args"] == {"x": 7, "sleep": 3}

@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 
 from celery_agents.config import Settings
-from celery_agents.model import UserQuery, parse_agent
+from celery_agents.model import UserQuery
 from celery_agents.store import Store
 from celery_agents.tasks.config import Dispatcher, make_app
+from celery_agents.tools.resolve import parse_agent
 from tests.chaos.conftest import Fleet, report
 from tests.chaos.invariants import check_invariants
 from tests.e2e.conftest import record_tool, runs, wait_for

@@ -12,14 +12,16 @@ import pytest
 
 from celery_agents import Client
 from celery_agents.config import Settings
-from celery_agents.model import UserQuery, parse_agent
+from celery_agents.model import UserQuery
 from celery_agents.store import Store
 from celery_agents.tasks.config import Dispatcher, make_app
+from celery_agents.tools.resolve import parse_agent
 from tests.chaos.conftest import Fleet, report
 from tests.chaos.invariants import check_invariants
 from tests.chaos.test_kill_worker import agent, conversation
 from tests.e2e.conftest import wait_for
 from tests.support.llm_server import LlmServer, text
+from tests.support.queues import depth
 
 pytestmark = pytest.mark.slow
 
@@ -73,7 +75,7 @@ def test_sigterm_with_steps_in_flight_loses_no_step(
         assert stopping.proc.wait(timeout=60) == 0
         for sid in running:
             assert store.header(sid).status.value == "completed", "a step in flight finished before the exit"
-        waiting = int(store.client.llen(f"{store.keys.celery_prefix}steps"))
+        waiting = depth(store.client, store.keys.celery_prefix)
         fleet.start()
         for sid in running + late:
             wait_for(lambda sid=sid: store.header(sid).status.value != "active", timeout=60, what=f"{sid} to end")

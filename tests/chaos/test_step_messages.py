@@ -16,14 +16,16 @@ import pytest
 
 from celery_agents import Client
 from celery_agents.config import Settings
-from celery_agents.model import UserQuery, parse_agent
+from celery_agents.model import UserQuery
 from celery_agents.store import Store
 from celery_agents.tasks.config import Dispatcher, make_app
+from celery_agents.tools.resolve import parse_agent
 from tests.chaos.conftest import Fleet, report
 from tests.chaos.invariants import check_invariants
 from tests.chaos.test_kill_worker import agent, conversation
 from tests.e2e.conftest import runs, wait_for
 from tests.support.llm_server import HeldModel, LlmServer
+from tests.support.queues import depth
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +33,7 @@ pytestmark = pytest.mark.slow
 def _broker_holds(store: Store, queue: str = "steps") -> tuple[int, int]:
     """(messages waiting in `queue`, messages kombu tracks as taken and unacknowledged)."""
     prefix = store.keys.celery_prefix
-    return int(store.client.llen(f"{prefix}{queue}")), int(store.client.hlen(f"{prefix}unacked"))
+    return depth(store.client, prefix, queue), int(store.client.hlen(f"{prefix}unacked"))
 
 
 def test_a_steps_worker_takes_no_more_step_messages_than_its_threads(

@@ -21,6 +21,7 @@ from tests.chaos.conftest import Fleet, report
 from tests.chaos.invariants import check_invariants
 from tests.e2e.conftest import record_tool, runs, wait_for
 from tests.support.llm_server import LlmServer, Reply, calls, text
+from tests.support.queues import depth
 
 pytestmark = pytest.mark.slow
 
@@ -40,16 +41,16 @@ def test_a_dead_workers_step_is_published_again_once_while_no_worker_takes_steps
     path = write_agent({"slug": "sweep", "model": f"openai/{scenario}", "apiBase": llm_server.url, "tools": tools})
     doomed = fleet.start()
     fleet.start(queues="tools")  # sweeps, takes no step
-    steps_queue = f"{fleet.prefix}:celery:steps"
+    broker = f"{fleet.prefix}:celery:"
     raw = redis.Redis.from_url(fleet.redis_url)
     with Client(chaos_settings, inline=False) as client:
         sid = client.start(path, "go", run=True, wait=False).session_id
         wait_for(lambda: runs(log, "sync_tool", phase="start"), what="the tool to start")
         doomed.kill()
         # Lease 2 s, grace 1 s, a sweep every 0.2 s: the dead step is owed again within ~3 s.
-        wait_for(lambda: raw.llen(steps_queue) >= 1, timeout=15, what="the dead worker's step to be published again")
+        wait_for(lambda: depth(raw, broker) >= 1, timeout=15, what="the dead worker's step to be published again")
         time.sleep(6)  # six more grace periods with nobody taking steps: nothing is lost meanwhile
-        copies = raw.llen(steps_queue)
+        copies = depth(raw, broker)
         assert copies == 1, f"{copies} copies of one step wait in the queue"
         fleet.start()
         wait_for(lambda: client.store.header(sid).status.value != "active", timeout=60, what="the session to finish")

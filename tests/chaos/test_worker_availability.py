@@ -64,9 +64,8 @@ def test_poison_on_every_queue_is_set_aside_and_the_worker_goes_on(
         kept = [json.loads(m) for m in raw.lrange(celery_prefix + "poison", 0, -1)]
         assert {k["queue"] for k in kept} == {"steps", "tools", "isolated"}
         assert {k["reason"] for k in kept} >= {"not_utf8", "not_json", "not_a_message"}
-        from celery_agents.cli.doctor import diagnose
 
-        report_ = diagnose(client)
+        report_ = client.doctor()
         assert report_["poison_messages"] == 3 * len(POISON)
         check = next(c for c in report_["checks"] if c["name"] == "poison messages")
         assert not check["ok"] and "celery:poison" in check["detail"]
@@ -134,5 +133,19 @@ def test_worker_refuses_an_evicting_redis(tmp_path: Path, prefix: str) -> None:
             fleet.start(AGENTS_ALLOW_EVICTION="1")
         finally:
             fleet.stop()
+    finally:
+        server.stop(kill=True)
+
+
+def test_worker_refuses_a_redis_holding_another_stored_format(tmp_path: Path, prefix: str) -> None:
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        redis.Redis(port=server.port).set(f"{prefix}:format", "99")
+        argv = [sys.executable, "-m", "celery_agents.cli.main", "worker", "--concurrency", "1"]
+        refused = subprocess.run(argv, env=worker_env(server.url, prefix), capture_output=True, timeout=120)
+        out = (refused.stdout + refused.stderr).decode()
+        assert refused.returncode != 0, out
+        assert "data of format 99" in out and "AGENTS_PREFIX" in out, out[-2000:]
+        assert not redis.Redis(port=server.port).hlen(f"{prefix}:workers"), "no worker ever came up"
     finally:
         server.stop(kill=True)

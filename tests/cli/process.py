@@ -29,12 +29,17 @@ EXIT_CODES = {
     "invalid_input": 2,
     "invalid_agent_file": 2,
     "invalid_result": 2,
+    "invalid_arguments": 2,
     "unknown_session": 3,
     "unknown_token": 3,
+    "unknown_limit": 3,
     "token_already_completed": 5,
     "token_expired": 5,
     "token_cancelled": 5,
     "session_not_advanceable": 5,
+    "not_an_approval": 5,
+    "digest_mismatch": 5,
+    "budget_exceeded": 5,
     "redis_unavailable": 1,
     "wait_timeout": 4,
 }
@@ -113,9 +118,15 @@ def poll(probe: Callable[[], T | None], what: str, timeout: float = 30.0, every:
 
 def snapshot(client: redis.Redis, prefix: str) -> dict[str, Any]:
     """Every key of the prefix with its value, except the worker's own bookkeeping (heartbeats,
-    the sweeper's lock), the Celery broker's keys and the script replies kept minutes for retried
-    calls (`:req:`, they expire by themselves)."""
-    volatile = (f"{prefix}:workers", f"{prefix}:lock:", f"{prefix}:celery:", f"_kombu.binding.{prefix}:")
+    the sweeper's lock), the fleet's metrics counters, the Celery broker's keys and the script
+    replies kept minutes for retried calls (`:req:`, they expire by themselves)."""
+    volatile = (
+        f"{prefix}:workers",
+        f"{prefix}:lock:",
+        f"{prefix}:counters",
+        f"{prefix}:celery:",
+        f"_kombu.binding.{prefix}:",
+    )
     out: dict[str, Any] = {}
     for key in sorted(client.scan_iter(match=f"{prefix}:*", count=1000)):
         if key.startswith(volatile) or ":req:" in key:
@@ -186,7 +197,8 @@ def check_view(v: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_completion(d: dict[str, Any]) -> dict[str, Any]:
-    assert set(d) == {"token", "session_id", "call_id", "accepted", "remaining", "woken"}, d
+    assert set(d) == {"token", "session_id", "call_id", "accepted", "remaining", "woken", "decision"}, d
+    assert d["decision"] in ("approved", "edited", "rejected", "responded"), d
     assert isinstance(d["token"], str) and isinstance(d["session_id"], str) and isinstance(d["call_id"], str)
     assert d["accepted"] is True
     assert isinstance(d["remaining"], int) and not isinstance(d["remaining"], bool)

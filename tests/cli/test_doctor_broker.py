@@ -16,6 +16,7 @@ from tests.support.redis_server import free_port
 def test_an_unreachable_broker_is_a_failed_check(redis_url: str, prefix: str, tmp_path: Path) -> None:
     broker = f"amqp://guest:s3cr3t-pw@127.0.0.1:{free_port()}/"  # nothing listens there
     env = cli_env(redis_url, prefix, tmp_path / "home", AGENTS_BROKER_URL=broker)
+    agents("--version", env=env)  # the CLI's launcher warm: doctor runs well within the heartbeat's 15 s
     # A live worker's heartbeat, so that the broker is the only thing wrong.
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     client.hset(f"{prefix}:workers", "w@test", json.dumps({"pid": 1, "host": "test", "at": time.time(), "queues": []}))

@@ -165,3 +165,13 @@ def test_usage_errors_exit_2_with_an_error_document(qenv: dict[str, str], tmp_pa
     for args in cases[:3]:
         human = agents(*args[:-1], env=qenv)
         assert human.returncode == 2 and human.stdout == "" and "Traceback" not in human.stderr, str(human)
+
+
+def test_send_with_step_and_run_exits_2_and_sends_nothing(flow: dict[str, Any], qenv: dict[str, str]) -> None:
+    sid = flow["sid"]
+    before = ok(agents("session", "show", sid, "--json", env=qenv))
+    run = agents("session", "send", sid, "-p", "more", "--step", "--run", "--json", env=qenv)
+    assert run.returncode == 2, str(run)
+    assert run.doc["error"]["code"] == "invalid_input" and "--step or --run" in run.doc["error"]["message"]
+    after = ok(agents("session", "show", sid, "--json", env=qenv))
+    assert (after["state"], after["version"]) == (before["state"], before["version"]), "no message was sent"

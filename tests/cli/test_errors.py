@@ -15,6 +15,7 @@ import redis
 from tests.cli.probe import write_probe_agent
 from tests.cli.process import agents, check_error, check_view, cli_env, ok, poll, snapshot
 from tests.support.llm_server import LlmServer, Reply, calls, error, text
+from tests.support.queues import depth
 from tests.support.redis_server import free_port
 
 pytestmark = pytest.mark.usefixtures("cli_worker")
@@ -261,8 +262,10 @@ def test_wait_timeout(redis_url: str, cli_redis: redis.Redis, probe: Path) -> No
     # The session itself is untouched; its step is owed (the outbox) and waits in the queue.
     meta = f"{prefix}:s:{{{sid}}}:meta"
     assert after[meta][1].pop("owed_version") == "1"
+    # The command followed the session's events while it waited: its model call would stream.
+    assert int(after[meta][1].pop("watch_until")) > 0
     assert [m for m, _ in after.pop(f"{prefix}:owed")[1]] == [sid]
     assert after == before
-    assert cli_redis.llen(f"{prefix}:celery:steps") == 1
+    assert depth(cli_redis, f"{prefix}:celery:") == 1
     run = agents("run", "--agent-file", probe, "-p", "hi", "--timeout", "0.5", "--json", env=env)
     check_error(run, "wait_timeout")

@@ -88,13 +88,17 @@ PENDING_NEVER_IMPORTS = (
     "celery_agents.tools",
 )
 
+#: The start-up budget of a read-only command with `--json` (docs/performance.md): the modules a
+#: fresh interpreter holds once it ran (the interpreter's own ~70 included). Today ~430.
+READ_ONLY_MODULES_BUDGET = 480
+
 # Runs the command's own code in a fresh interpreter, then reports on stderr what it loaded.
 _PENDING_PROBE = """
 import json, sys
 from celery_agents.cli.main import main
 code = None
 try:
-    main(["session", "pending", "--json"])
+    main(sys.argv[1:] or ["session", "pending", "--json"])
 except SystemExit as exc:
     code = exc.code
 from celery_agents.model import AgentSpec, Disposition, LlmTurn, SessionHeader, SessionView, UserTurn
@@ -125,3 +129,39 @@ def test_pending_json_imports_only_what_listing_calls_needs(
     leaked += [m for m in report["modules"] if m in PENDING_NEVER_IMPORTS]
     assert not leaked, f"`agents session pending --json` imported {leaked[:8]}"
     assert report["built"] == [], f"`agents session pending --json` built schemas it never uses: {report['built']}"
+
+
+@pytest.mark.usefixtures("cli_worker")
+def test_read_only_commands_hold_the_start_up_budget(
+    llm_server: LlmServer, qenv: dict[str, str], tmp_path: Path
+) -> None:
+    """`list`, `show`, `logs`, `history` and `pending` with `--json` read Redis and print: none
+    imports Celery, the model's client, rich or the step machinery, and each stays within the
+    module budget written down in docs/performance.md."""
+    scenario = llm_server.scenario([calls(("approve", {"x": "1"})), text("ok")])
+    agent, _ = write_probe_agent(tmp_path, scenario, llm_server.url)
+    sid = ok(agents("session", "start", "--agent-file", agent, "-p", "hi", "--run", "--json", env=qenv))["session_id"]
+    commands = (
+        ["session", "pending", "--json"],
+        ["session", "list", "--json"],
+        ["session", "show", sid, "--json"],
+        ["session", "logs", sid, "--json"],
+        ["session", "history", sid, "--json"],
+    )
+    for argv in commands:
+        probe = subprocess.run(
+            [sys.executable, "-c", _PENDING_PROBE, *argv], env=qenv, capture_output=True, text=True, timeout=90
+        )
+        report = json.loads(probe.stderr.strip().splitlines()[-1])
+        assert report["code"] in (0, None), (argv, probe.stderr[-500:])
+        # It read the session and printed it.
+        shown = {"logs": "session_started", "history": '"kind": "started"'}.get(argv[1], sid)
+        assert shown in probe.stdout, (argv, probe.stdout[:300])
+        modules = report["modules"]
+        leaked = [
+            m
+            for m in modules
+            if m in PENDING_NEVER_IMPORTS or m.startswith(tuple(f"{n}." for n in PENDING_NEVER_IMPORTS))
+        ]
+        assert not leaked, f"`agents {' '.join(argv)}` imported {leaked[:8]}"
+        assert len(modules) <= READ_ONLY_MODULES_BUDGET, f"`agents {' '.join(argv)}` loaded {len(modules)} modules"

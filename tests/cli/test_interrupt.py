@@ -13,6 +13,7 @@ import pytest
 
 from tests.cli.probe import write_probe_agent
 from tests.cli.process import CLI, agents, ok, poll
+from tests.support.interrupt import sigint_default
 from tests.support.llm_server import LlmServer, Reply, text
 
 pytestmark = pytest.mark.usefixtures("cli_worker")
@@ -22,7 +23,14 @@ class Running:
     """An `agents` process whose stderr is read line by line as it comes."""
 
     def __init__(self, args: list[str], env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen([*CLI, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [*CLI, *args],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=sigint_default,  # Ctrl-C reaches it also from a run that ignores SIGINT
+        )
         self.lines: list[str] = []
         self._seen = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from celery_agents.config import Settings
-from celery_agents.model import UserQuery, parse_agent
+from celery_agents.model import UserQuery
 from celery_agents.store import Store, client_for_url
+from celery_agents.tools.resolve import parse_agent
 from tests.cli.probe import write_probe_agent
 from tests.cli.process import agents, check_error, ok
 from tests.support.llm_server import LlmServer, Reply, calls, text
@@ -87,13 +88,6 @@ def test_any_unique_prefix_of_a_session_id_is_accepted(store: Store, qenv: dict[
     ambiguous = check_error(agents("session", "show", "feedbeef", "--json", env=qenv), "invalid_input")
     assert first in ambiguous["message"] and second in ambiguous["message"] and "ambiguous" in ambiguous["message"]
     check_error(agents("session", "show", "feedbeef2", "--json", env=qenv), "unknown_session")
-
-
-def test_sessions_made_before_the_id_index_are_found_by_prefix(store: Store, qenv: dict[str, str]) -> None:
-    spec = parse_agent({"slug": "ids", "model": "demo/weather"})
-    sid = store.create_session(spec, UserQuery(text="old"), session_id="0ddba11" + "2" * 25).session_id
-    store.client.zrem(store.keys.ids, sid)  # as a session created by an earlier release
-    assert ok(agents("session", "show", "0ddba11", "--json", env=qenv))["session_id"] == sid
 
 
 # -- escaping -----------------------------------------------------------------------------------

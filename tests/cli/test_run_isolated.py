@@ -14,6 +14,7 @@ import redis
 
 from tests.cli.probe import tool_messages, write_probe_agent
 from tests.cli.process import CLI, agents, check_view, ok, poll
+from tests.support.interrupt import sigint_default
 from tests.support.llm_server import LlmServer, calls, text
 
 pytestmark = pytest.mark.usefixtures("cli_worker")
@@ -40,6 +41,7 @@ def test_run_isolated_runs_the_calls_here_and_logs_follow_shows_it(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=sigint_default,  # Ctrl-C reaches it also from a run that ignores SIGINT
     )
     seen: list[str] = []
     reader = threading.Thread(target=lambda: seen.extend(iter(follower.stdout.readline, "")), daemon=True)

@@ -5,6 +5,7 @@ summarised, and doctor failing while messages wait on a queue nobody consumes.""
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 import time
@@ -67,6 +68,32 @@ def test_help_texts(qenv: dict[str, str]) -> None:
     for args in (["run", "--help"], ["session", "show", "--help"], ["session", "--help"], ["--help"]):
         shown = agents(*args, env=qenv).stdout
         assert "<bool>" not in shown, shown
+
+
+def test_help_paragraphs_are_wrapped_by_the_terminal_not_broken_in_the_source() -> None:
+    """typer's rich help keeps a docstring's line breaks: a paragraph written over two source lines
+    shows up broken mid-sentence (`agents session --help` at 80 columns), so each is one line."""
+    import click
+    import typer
+
+    from celery_agents.cli.main import app
+
+    broken: list[str] = []
+
+    def visit(command: Any, path: str, ctx: click.Context) -> None:
+        for paragraph in inspect.cleandoc(command.help or "").split("\n\n"):
+            if "\n" in paragraph:
+                broken.append(f"{path}: {paragraph!r}")
+        for param in command.get_params(ctx):
+            if "\n" in (getattr(param, "help", None) or ""):
+                broken.append(f"{path} {param.name}: {param.help!r}")
+        for name in command.list_commands(ctx) if hasattr(command, "list_commands") else []:
+            sub = command.get_command(ctx, name)
+            visit(sub, f"{path} {name}", click.Context(sub, info_name=name, parent=ctx))
+
+    root = typer.main.get_command(app)
+    visit(root, "agents", click.Context(root, info_name="agents"))
+    assert not broken, "\n".join(broken)
 
 
 def test_the_isolated_queue_warning_only_for_agents_that_run_isolated_calls(

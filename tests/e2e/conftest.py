@@ -43,6 +43,7 @@ def start_workers(
     count: int = 1,
     concurrency: int = 2,
     queues: str = "steps,tools,isolated",
+    step_threads: int | None = None,
     **env: str,
 ) -> list[Worker]:
     client = redis.Redis.from_url(redis_url, decode_responses=True)
@@ -53,6 +54,7 @@ def start_workers(
             concurrency=concurrency,
             log=logdir / f"worker{i}.log",
             name=f"w{i}-{uuid.uuid4().hex[:6]}@test",
+            step_threads=step_threads,
         ).start()
         for i in range(count)
     ]

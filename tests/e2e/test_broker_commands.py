@@ -12,9 +12,10 @@ import pytest
 import redis
 
 from celery_agents.config import Settings
-from celery_agents.model import UserQuery, parse_agent
+from celery_agents.model import UserQuery
 from celery_agents.store import Store
 from celery_agents.tasks.config import Dispatcher, make_app
+from celery_agents.tools.resolve import parse_agent
 from tests.e2e.conftest import wait_for
 from tests.support.redis_server import RedisServer
 from tests.support.workers import Worker, worker_env

@@ -155,8 +155,8 @@ def test_a_delegation_a_rule_defers_starts_its_child_once_approved(
         "a person approves delegation",
         {"prompt": "find the capital of France"},
     )
-    done = client.complete(call.token or "", "yes")
-    assert done.accepted and done.remaining == 1, "the call goes on: as the child"
+    done = client.approve(call.token or "", digest=call.digest, by="alice")
+    assert done.accepted and done.remaining == 1 and done.decision == "approved", "the call goes on: as the child"
     wait_for(lambda: client.view(parent.session_id).state == State.COMPLETED, 60, "the parent to complete")
     view = client.view(parent.session_id)
     assert view.response == "The helper said: Paris" and len(view.children) == 1

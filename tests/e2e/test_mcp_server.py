@@ -51,7 +51,7 @@ async def drive(env: dict[str, str], agent: Path) -> dict[str, Any]:
     seen: dict[str, Any] = {}
     async with Client(params, cache=None) as client:
         listed = {t.name for t in (await client.list_tools()).tools}
-        assert listed == {"start_session", "session_status", "pending", "complete"}
+        assert listed == {"start_session", "session_status", "pending", "complete", "approve", "reject"}
         started = await client.call_tool("start_session", {"agent_file": str(agent), "prompt": "pay 12 EUR"})
         assert not started.is_error, started.content
         view = seen["start"] = started.structured_content

@@ -26,6 +26,7 @@ from celery_agents.config import Settings
 from tests.cli.probe import write_probe_agent
 from tests.e2e.conftest import wait_for
 from tests.support.llm_server import LlmServer, calls, text
+from tests.support.metrics import parse_metrics
 from tests.support.otlp import OtlpReceiver, ReceivedSpan
 from tests.support.workers import Worker, worker_env
 
@@ -40,20 +41,21 @@ def free_port() -> int:
 
 
 def scrape(port: int) -> dict[str, float]:
-    """`/metrics` as {'name{label="v",...}': value}, labels sorted as prometheus-client writes them."""
+    """A worker's `/metrics` (`tests.support.metrics.parse_metrics`)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        body = r.read().decode()
-    out: dict[str, float] = {}
-    for line in body.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            out[name] = float(value)
-    return out
+        return parse_metrics(r.read().decode())
 
 
 def total(samples: list[dict[str, float]], name: str) -> float:
-    """A series summed over the workers (0 when none has it)."""
+    """A series summed over the workers (0 when none has it): a worker's own (the histogram)."""
     return sum(s.get(name, 0.0) for s in samples)
+
+
+def fleet_total(samples: list[dict[str, float]], name: str) -> float:
+    """A counter of the fleet, which every worker serves whole (from Redis): the same in each."""
+    values = {s.get(name, 0.0) for s in samples}
+    assert len(values) == 1, f"{name} differs between the workers: {values}"
+    return values.pop()
 
 
 @dataclass
@@ -147,10 +149,12 @@ def run(fleet: Fleet, llm_server: LlmServer, tmp_path_factory: pytest.TempPathFa
         completed_at = time.time()
         wait_for(lambda: client.show(sid).status == "completed", 60, "the session to complete")
 
-    # Counters land when each task ends: wait until the last step and the completion are counted.
+    # Counters land when each task ends: wait until every worker serves the last step counted.
     def counted() -> list[dict[str, float]] | None:
         samples = fleet.scrape()
-        return samples if total(samples, 'agents_steps_total{outcome="committed"}') >= 3 else None
+        committed = [s.get('agents_steps_total{outcome="committed"}', 0.0) for s in samples]
+        timed = total(samples, "agents_step_seconds_count")  # observed once the step has returned
+        return samples if min(committed) >= 3 and timed >= 3 else None
 
     done = wait_for(counted, 30, "the steps counted")
     return Run(sid, f"openai/{scenario}", waiting, done, deferred_at, completed_at)
@@ -159,15 +163,15 @@ def run(fleet: Fleet, llm_server: LlmServer, tmp_path_factory: pytest.TempPathFa
 def test_metrics_count_the_steps_model_calls_tokens_and_tool_calls_of_a_run(run: Run) -> None:
     m, done = run.model, run.done
     # Three steps commit: the model's calls, the async result folded in, the final answer.
-    assert total(done, 'agents_steps_total{outcome="committed"}') == 3
+    assert fleet_total(done, 'agents_steps_total{outcome="committed"}') == 3
     assert total(done, "agents_step_seconds_count") >= 3
-    assert total(done, f'agents_model_calls_total{{model="{m}",outcome="ok"}}') == 2
-    assert total(done, f'agents_model_tokens_total{{kind="input",model="{m}"}}') == 80
-    assert total(done, f'agents_model_tokens_total{{kind="output",model="{m}"}}') == 10
+    assert fleet_total(done, f'agents_model_calls_total{{model="{m}",outcome="ok"}}') == 2
+    assert fleet_total(done, f'agents_model_tokens_total{{kind="input",model="{m}"}}') == 80
+    assert fleet_total(done, f'agents_model_tokens_total{{kind="output",model="{m}"}}') == 10
     for tool, disposition in (("probe_sync", "runSync"), ("probe_async", "runAsync"), ("approve", "defer")):
         key = f'agents_tool_calls_total{{disposition="{disposition}",outcome="completed",tool="{tool}"}}'
-        assert total(done, key) == 1, key
-    assert total(done, 'agents_completions_total{outcome="applied"}') == 1
+        assert fleet_total(done, key) == 1, key
+    assert fleet_total(done, 'agents_completions_total{outcome="applied"}') == 1
 
 
 def test_gauges_show_the_deferred_call_waiting_then_nothing(run: Run, fleet: Fleet) -> None:

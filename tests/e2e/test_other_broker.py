@@ -16,8 +16,9 @@ import pytest
 import redis
 
 from celery_agents.config import Settings
-from celery_agents.model import UserQuery, parse_agent
+from celery_agents.model import UserQuery
 from celery_agents.store import Store, client_for_url
+from celery_agents.tools.resolve import parse_agent
 from tests.cli.process import DEMO_AGENT, agents, cli_env, poll
 from tests.support.workers import Worker, worker_env
 
@@ -117,3 +118,29 @@ def test_the_sweeper_reads_the_brokers_queue(broker_url: str, redis_url: str, tm
     finally:
         worker.stop()
         store.client.close()
+
+
+def test_higher_priority_steps_are_taken_first_from_a_rabbitmq_queue(
+    broker_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    """The `steps` queue is a priority queue there (x-max-priority): steps published while no
+    worker takes them are taken highest priority first once one does."""
+    prefix = f"bp{uuid.uuid4().hex[:8]}"
+    settings = Settings(redis_url=redis_url, prefix=prefix, home=tmp_path / "home", broker_url=broker_url)
+    from celery_agents import Client
+
+    agent = parse_agent({"slug": "prio", "model": "demo/prio"})
+    with Client(settings, inline=False) as client:
+        before = depth(broker_url, "steps")  # another test of the module may leave one waiting
+        lows = [client.start(agent, f"low {i}", run=True, wait=False, priority=0).session_id for i in range(20)]
+        highs = [client.start(agent, f"high {i}", run=True, wait=False, priority=9).session_id for i in range(3)]
+        assert depth(broker_url, "steps") == before + 23
+        env = worker_env(redis_url, prefix, tmp_path / "home", AGENTS_BROKER_URL=broker_url)
+        worker = Worker(env, log=tmp_path / "worker.log", name=f"prio-{prefix}@test", step_threads=1).start()
+        try:
+            poll(lambda: all(client.view(s).state.value == "completed" for s in [*lows, *highs]), "every session")
+        finally:
+            worker.stop()
+        ended = {s: client.view(s).updated_at for s in [*lows, *highs]}
+    first = sorted(ended, key=ended.__getitem__)[:3]
+    assert sorted(first) == sorted(highs), "the three high-priority sessions ended first"

@@ -17,9 +17,10 @@ import redis
 
 from celery_agents import Client
 from celery_agents.config import Settings
-from celery_agents.model import UserQuery, parse_agent
+from celery_agents.model import UserQuery
 from celery_agents.store import Store, client_for_url
 from celery_agents.tasks.config import Dispatcher, make_app
+from celery_agents.tools.resolve import parse_agent
 from tests.e2e.conftest import start_workers, wait_for
 from tests.support.llm_server import LlmServer, calls, text
 from tests.support.workers import Worker, stop_all

@@ -11,8 +11,8 @@ import pytest
 
 from celery_agents.llm import LitellmPort, RetryPolicy
 from celery_agents.llm.errors import classify
-from celery_agents.model import parse_agent
 from celery_agents.scheduler import LlmFailure, LlmRequest
+from celery_agents.tools.resolve import parse_agent
 from tests.support.llm_server import LlmServer, Reply, calls, error, text
 
 
@@ -71,11 +71,22 @@ def test_transient_errors_are_retried_with_backoff(llm_server: LlmServer, status
     assert len(sleeps.delays) == 2
 
 
-def test_retry_after_is_honoured(llm_server: LlmServer) -> None:
-    req, _ = request(llm_server, [error(429, headers={"retry-after": "7"}), text("ok")])
+def test_a_429_with_retry_after_is_not_waited_for_here_it_says_when_to_ask_again(llm_server: LlmServer) -> None:
+    req, scenario = request(llm_server, [error(429, headers={"retry-after": "7"}), text("ok")])
     p, sleeps = port()
-    p.complete(req)
-    assert sleeps.delays == [7.0]
+    with pytest.raises(LlmFailure) as info:
+        p.complete(req)
+    assert (info.value.code, info.value.transient, info.value.retry_after) == ("rate_limited", True, 7.0)
+    assert info.value.model == f"openai/{scenario}"
+    assert sleeps.delays == [], "the thread is given back: the step goes back until then (runtime/admission.py)"
+    assert llm_server.count(scenario) == 1
+
+
+def test_a_429_without_retry_after_is_retried_here(llm_server: LlmServer) -> None:
+    req, scenario = request(llm_server, [error(429), text("ok")])
+    p, sleeps = port()
+    assert p.complete(req).text == "ok"
+    assert len(sleeps.delays) == 1 and llm_server.count(scenario) == 2
 
 
 def test_the_retry_budget_ends_in_a_transient_failure(llm_server: LlmServer) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from celery_agents.llm import LitellmPort
 from celery_agents.llm.demo import demo_reply
-from celery_agents.model import parse_agent
 from celery_agents.scheduler import LlmRequest
+from celery_agents.tools.resolve import parse_agent
 
 TOOLS = [
     {"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}

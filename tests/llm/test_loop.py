@@ -14,8 +14,9 @@ import pytest
 
 from celery_agents.llm import LitellmPort, RetryPolicy
 from celery_agents.llm.loop import allow_connections, model_loop, wait_on_loop
-from celery_agents.model import parse_agent
 from celery_agents.scheduler import LlmRequest
+from celery_agents.tools.resolve import parse_agent
+from tests.support.interrupt import sigint_raises
 from tests.support.llm_server import HeldModel, LlmServer, text
 
 THREADS = 40
@@ -74,9 +75,10 @@ def test_an_interrupted_wait_cancels_its_call(attempt: int) -> None:
         if started.wait(10):
             signal.pthread_kill(main, signal.SIGINT)  # Ctrl-C of the CLI waiting on its inline step
 
-    threading.Thread(target=interrupt, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
-        wait_on_loop(call())
+    with sigint_raises():  # also in a test run that ignores SIGINT
+        threading.Thread(target=interrupt, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            wait_on_loop(call())
     assert cancelled.wait(5), "the call went on after its wait was interrupted"
 
 

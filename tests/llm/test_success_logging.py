@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from celery_agents.llm import LitellmPort, RetryPolicy, ensure_litellm
-from celery_agents.model import parse_agent
 from celery_agents.scheduler import LlmRequest
+from celery_agents.tools.resolve import parse_agent
 from tests.support.llm_server import LlmServer, text
 
 LISTS = ("callbacks", "success_callback", "_async_success_callback", "input_callback", "failure_callback")

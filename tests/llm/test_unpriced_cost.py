@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from celery_agents.llm import LitellmPort, RetryPolicy, ensure_litellm
-from celery_agents.model import parse_agent
 from celery_agents.scheduler import LlmRequest
+from celery_agents.tools.resolve import parse_agent
 from tests.support.llm_server import LlmServer, text
 
 
@@ -47,6 +47,28 @@ def test_a_model_without_a_price_is_searched_for_once(llm_server: LlmServer, sea
     costs = [ask(port, llm_server, model) for _ in range(4)]
     assert costs == [None] * 4, "a model with no price has no cost"
     assert searches.count(f"openai/{model}") == 1, f"litellm searched its price map on every call: {searches}"
+
+
+def test_a_model_without_a_price_is_not_diagnosed_again_while_no_callback_listens(
+    llm_server: LlmServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """litellm diagnoses a zero cost for its callbacks by searching its price map once more; with
+    none configured nobody reads the diagnosis, so a model known to have no price skips it."""
+    ensure_litellm()
+    import litellm.litellm_core_utils.litellm_logging as logging_module
+
+    diagnosed: list[str] = []
+    inner = logging_module.pricing_entry_for_cost_calc
+
+    def pricing_entry_for_cost_calc(*args: Any, **kwargs: Any) -> Any:
+        diagnosed.append(str(kwargs.get("model")))
+        return inner(*args, **kwargs)
+
+    monkeypatch.setattr(logging_module, "pricing_entry_for_cost_calc", pricing_entry_for_cost_calc)
+    port = LitellmPort(RetryPolicy(attempts=1))
+    model = f"selfhosted-{uuid.uuid4().hex[:8]}"
+    assert [ask(port, llm_server, model) for _ in range(4)] == [None] * 4
+    assert len(diagnosed) == 1, diagnosed
 
 
 def test_a_priced_model_reports_its_cost_on_every_call(llm_server: LlmServer) -> None:

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from celery_agents.errors import InvalidAgentFile
-from celery_agents.model import AgentSpec, Disposition, agent_json_schema, load_agent_file, parse_agent
+from celery_agents.model import AgentSpec, Disposition, agent_json_schema
+from celery_agents.tools.resolve import load_agent_file, parse_agent
 
 TOOLS: list[dict[str, Any]] = [
     {
@@ -264,6 +265,10 @@ def test_a_bad_execution_mode_names_the_allowed_values(write: Any) -> None:
         ),
         ({"slug": "has space"}, "slug", "1-64 letters"),
         ({"model": "  "}, "model", "name the model"),
+        ({"pricing": {"inputPerMTokUsd": -1, "outputPerMTokUsd": 1}}, "pricing.inputPerMTokUsd", "larger number"),
+        ({"pricing": {"inputPerMTokUsd": 1}}, "pricing.outputPerMTokUsd", "add it"),
+        ({"pricing": {"inputPerMTokUsd": 1, "outputPerMTokUsd": 1, "extra": 0}}, "pricing.extra", "unknown"),
+        ({"pricing": {"inputPerMTokUsd": 1e9, "outputPerMTokUsd": 1}}, "pricing.inputPerMTokUsd", "smaller number"),
     ],
 )
 def test_other_bad_values_name_field_and_fix(write: Any, bad: dict[str, Any], field: str, fix: str) -> None:

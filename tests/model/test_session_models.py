@@ -140,7 +140,7 @@ def test_tracked_call_field_and_idempotency_key() -> None:
     assert call.field == "3:2"
     assert call.idempotency_key("sid") == "sid:3:call_1"
     assert call.digest() == tracked(batch=9, position=0).digest(), "the digest binds tool and arguments only"
-    assert call.digest() != tracked(raw_arguments='{"q": "y"}').digest()
+    assert call.digest() != tracked(arguments={"q": "y"}).digest()
 
 
 def test_final_states() -> None:

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from celery_agents.errors import InvalidAgentFile
-from celery_agents.model import AgentSpec, load_agent_file
-from celery_agents.scheduler.policy import disposition_for
+from celery_agents.model import AgentSpec
+from celery_agents.model.policy import disposition_for
+from celery_agents.tools.resolve import load_agent_file
 
 
 def write(folder: Path, name: str, **data: Any) -> Path:

@@ -10,11 +10,11 @@ import redis
 
 from celery_agents.config import Settings
 from celery_agents.llm import LitellmPort
-from celery_agents.model import AgentSpec, TrackedCall, load_agent_file
+from celery_agents.model import AgentSpec, CallOutcome, TrackedCall
 from celery_agents.runtime import run_call, run_step
-from celery_agents.scheduler.ports import CallOutcome
 from celery_agents.store import Store
 from celery_agents.tools import ToolRunner
+from celery_agents.tools.resolve import load_agent_file
 
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo-agent.json"
 
@@ -49,7 +49,7 @@ def test_a_lapsed_call_lease_taken_over_is_not_released_by_the_first_worker(sett
             client.key, client.armed = lease_key, True  # what comes next is the release
             return outcome
 
-    done = run_call(store, sid, field, ArmWhenDone(), "worker-a")  # type: ignore[arg-type]
+    done = run_call(store, sid, field, ArmWhenDone(), "worker-a", "runAsync")  # type: ignore[arg-type]
     assert done.status == "ok"
     assert client.get(lease_key) == "worker-b", "worker-b's lease survives worker-a's release"
     client.close()

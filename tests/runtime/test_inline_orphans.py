@@ -7,9 +7,9 @@ from pathlib import Path
 from celery_agents import Client
 from celery_agents.config import Settings
 from celery_agents.llm import LitellmPort
-from celery_agents.model import load_agent_file
 from celery_agents.runtime import run_step
 from celery_agents.tools import ToolRunner
+from celery_agents.tools.resolve import load_agent_file
 
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo-agent.json"
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from celery_agents.model import CallState, UserQuery, parse_agent
+from celery_agents.model import CallState, UserQuery
 from celery_agents.runtime import run_call, run_step
 from celery_agents.store import Store
+from celery_agents.tools.resolve import parse_agent
 from tests.scheduler.fakes import RecordingTools, ScriptedLlm, llm_turn
 
 
@@ -28,7 +29,7 @@ def test_a_dispatched_call_of_an_unsigned_spec_is_recorded_failed_and_not_run(st
     [call] = res.dispatch
     keyed = Store(store.client, dataclasses.replace(store.settings, spec_key="k" * 32))
     tools = RecordingTools()
-    ran = run_call(keyed, h.session_id, call.field, tools, "tools-worker")
+    ran = run_call(keyed, h.session_id, call.field, tools, "tools-worker", "runAsync")
     assert ran.status == "ok" and tools.runs == []
     [recorded] = store.calls(h.session_id)
     assert recorded.state == CallState.FAILED and "AGENTS_SPEC_KEY" in (recorded.error or "")

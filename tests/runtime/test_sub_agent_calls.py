@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 
 from celery_agents.drivers.celery import settled
-from celery_agents.model import CallState, ErrorInfo, State, UserQuery, parse_agent
+from celery_agents.model import CallState, ErrorInfo, State, UserQuery
 from celery_agents.runtime import run_call, run_step
 from celery_agents.store import Store
+from celery_agents.tools.resolve import parse_agent
 from tests.scheduler.fakes import RecordingTools, ScriptedLlm, llm_turn
 
 BOSS = {"slug": "boss", "model": "fake/m", "subAgents": [{"slug": "helper", "model": "fake/m"}]}
@@ -31,31 +32,31 @@ def delegating(store: Store, drive: str = "auto", prompt: str = "help") -> tuple
 
 def test_a_child_that_ended_unrecorded_is_recorded_by_the_next_run_and_wakes_the_parent(store: Store) -> None:
     sid, field = delegating(store)
-    ran = run_call(store, sid, field, RecordingTools(), "t")
+    ran = run_call(store, sid, field, RecordingTools(), "t", "runAsync")
     assert ran.child is not None
     child = ran.child[0]
     run_step(store, child, 1, llm=ScriptedLlm(llm_turn(text="the answer")), tools=RecordingTools(), owner="w")
     assert store.header(child).state == State.COMPLETED
     # The worker that committed the child's last step died before telling the parent.
-    again = run_call(store, sid, field, RecordingTools(), "t")
+    again = run_call(store, sid, field, RecordingTools(), "t", "runAsync")
     assert again.finished is not None and again.finished.woken
     [call] = store.calls(sid)
     assert (call.state, call.result) == (CallState.COMPLETED, "the answer")
     assert store.header(sid).state == State.READY
-    assert run_call(store, sid, field, RecordingTools(), "t").status == "already"
+    assert run_call(store, sid, field, RecordingTools(), "t", "runAsync").status == "already"
 
 
 @pytest.mark.parametrize("end", ["failed", "cancelled"])
 def test_a_child_that_fails_or_is_cancelled_is_a_failed_call(store: Store, end: str) -> None:
     sid, field = delegating(store)
-    ran = run_call(store, sid, field, RecordingTools(), "t")
+    ran = run_call(store, sid, field, RecordingTools(), "t", "runAsync")
     assert ran.child is not None
     child = ran.child[0]
     if end == "failed":
         store.fail_step(child, 1, ErrorInfo(code="auth", message="bad key"), "w")
     else:
         store.cancel(child)
-    run_call(store, sid, field, RecordingTools(), "t")
+    run_call(store, sid, field, RecordingTools(), "t", "runAsync")
     [call] = store.calls(sid)
     assert call.state == CallState.FAILED and child in (call.error or "")
     assert ("bad key" if end == "failed" else "was cancelled") in (call.error or "")
@@ -71,7 +72,7 @@ def test_a_child_made_while_its_parent_is_cancelled_is_cancelled_too(store: Stor
         return made
 
     monkeypatch.setattr(store, "start_child", cancel_first)
-    ran = run_call(store, sid, field, RecordingTools(), "t")
+    ran = run_call(store, sid, field, RecordingTools(), "t", "runAsync")
     assert ran.child is None, "no first step is published for it"
     [child] = store.children(sid)
     assert store.header(child).state == State.CANCELLED
@@ -79,7 +80,7 @@ def test_a_child_made_while_its_parent_is_cancelled_is_cancelled_too(store: Stor
 
 def test_a_call_whose_child_goes_on_is_looked_at_again_only_after_the_lost_grace(store: Store) -> None:
     sid, field = delegating(store)
-    assert run_call(store, sid, field, RecordingTools(), "t").child is not None
+    assert run_call(store, sid, field, RecordingTools(), "t", "runAsync").child is not None
     now = store.server_time()
     settings = store.settings
     assert store.dispatched_due(now + settings.owed_grace) == [], "not republished at every sweep"
@@ -91,7 +92,7 @@ def test_a_model_cannot_give_a_child_a_prompt_larger_than_a_user_may_send(store:
     small = dataclasses.replace(store.settings, max_prompt_bytes=100)
     limited = Store(store.client, small)
     sid, field = delegating(limited, prompt="x" * 101)
-    ran = run_call(limited, sid, field, RecordingTools(), "t")
+    ran = run_call(limited, sid, field, RecordingTools(), "t", "runAsync")
     assert ran.child is None and limited.children(sid) == []
     [call] = limited.calls(sid)
     assert call.state == CallState.FAILED and "AGENTS_MAX_PROMPT_BYTES" in (call.error or "")
@@ -101,13 +102,13 @@ def test_a_driven_parent_whose_child_is_listed_but_not_made_yet_is_not_settled(s
     sid, _ = delegating(store)
     [call] = store.calls(sid)
     # start_child lists the child first, then makes it: `agents run` may look in between.
-    store.client.sadd(store.keys.children(sid), str(call.meta["child"]))
+    store.client.sadd(store.keys.children(sid), str(call.meta.child))
     assert settled(store, sid, None) is False
 
 
 def test_a_deleted_child_leaves_its_parents_list_of_children(store: Store) -> None:
     sid, field = delegating(store)
-    ran = run_call(store, sid, field, RecordingTools(), "t")
+    ran = run_call(store, sid, field, RecordingTools(), "t", "runAsync")
     assert ran.child is not None
     child = ran.child[0]
     run_step(store, child, 1, llm=ScriptedLlm(llm_turn(text="the answer")), tools=RecordingTools(), owner="w")

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from celery_agents.model import CallState, UserQuery, parse_agent
+from celery_agents.model import CallState, UserQuery
 from celery_agents.runtime import run_call, run_step
 from celery_agents.store import Store
+from celery_agents.tools.resolve import parse_agent
 from tests.scheduler.fakes import RecordingTools, ScriptedLlm, llm_turn
 
 BOSS = {"slug": "boss", "model": "fake/m", "subAgents": [{"slug": "helper", "model": "fake/m"}]}
@@ -25,12 +26,12 @@ def _delegating(store: Store) -> tuple[str, str]:
 def test_a_child_of_a_signed_parent_is_stored_signed_and_runs(store: Store) -> None:
     keyed = Store(store.client, dataclasses.replace(store.settings, spec_key="k" * 32))
     sid, field = _delegating(keyed)
-    ran = run_call(keyed, sid, field, RecordingTools(), "tools-worker")
+    ran = run_call(keyed, sid, field, RecordingTools(), "tools-worker", "runAsync")
     assert ran.status == "started" and ran.child is not None
     child = keyed.header(ran.child[0])
     fresh = Store(store.client, dataclasses.replace(store.settings, spec_key="k" * 32))
     assert fresh.agent(child.agent_hash).slug == "helper", "another worker verifies the child's spec"
-    again = run_call(keyed, sid, field, RecordingTools(), "tools-worker")
+    again = run_call(keyed, sid, field, RecordingTools(), "tools-worker", "runAsync")
     assert (again.status, again.child) == ("running", None), "a second run makes no second child"
     assert keyed.children(sid) == [child.session_id]
 
@@ -38,7 +39,7 @@ def test_a_child_of_a_signed_parent_is_stored_signed_and_runs(store: Store) -> N
 def test_a_parent_spec_written_without_the_key_starts_no_child(store: Store) -> None:
     sid, field = _delegating(store)
     keyed = Store(store.client, dataclasses.replace(store.settings, spec_key="k" * 32))
-    ran = run_call(keyed, sid, field, RecordingTools(), "tools-worker")
+    ran = run_call(keyed, sid, field, RecordingTools(), "tools-worker", "runAsync")
     assert ran.child is None and store.children(sid) == []
     [call] = store.calls(sid)
     assert call.state == CallState.FAILED and "AGENTS_SPEC_KEY" in (call.error or "")

@@ -9,6 +9,7 @@ from typing import Any
 
 from celery_agents.model import (
     AgentSpec,
+    CallOutcome,
     LlmTurn,
     SessionHeader,
     ToolCall,
@@ -16,9 +17,9 @@ from celery_agents.model import (
     Usage,
     UserQuery,
     UserTurn,
-    parse_agent,
 )
-from celery_agents.scheduler import CallOutcome, LlmFailure, LlmRequest, Ports, Snapshot
+from celery_agents.scheduler import LlmFailure, LlmRequest, Ports, Snapshot
+from celery_agents.tools.resolve import parse_agent
 
 
 class ScriptedLlm:

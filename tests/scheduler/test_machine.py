@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from celery_agents.model import CallState, LlmTurn, State, Status, ToolCall, TrackedCall, UserTurn
-from celery_agents.scheduler import CallOutcome, LlmFailure, Transition, advance
+from celery_agents.model import CallOutcome, CallState, LlmTurn, State, Status, ToolCall, TrackedCall, UserTurn
+from celery_agents.scheduler import LlmFailure, Transition, advance
 from tests.scheduler.fakes import (
     RecordingTools,
     ScriptedLlm,
@@ -386,3 +386,24 @@ def test_well_formed_ids_are_kept_as_the_model_sent_them() -> None:
     reply = llm_turn(ToolCall(id="call_abc", name="sync_a"), ToolCall(id="call_def", name="sync_b"))
     t = advance(snapshot(AGENT, [ask()]), ports(llm=ScriptedLlm(reply)))
     assert t.new_turns == [reply]
+
+
+def test_a_grant_covers_the_tool_only_with_the_schema_it_was_given_for() -> None:
+    """`approve --for-session` stores the tool's schema digest: a later call runs at once under
+    `then` while the tool's schema is that one, and waits at the gate again once it is not."""
+    from celery_agents.scheduler.machine import schema_digest
+
+    gate = {"tag": "defer", "then": "runAsync", "reason": "a person approves"}
+    agent = make_agent({"rules": [{"tool": "defer_t", "disposition": gate}]}, executionMode="asynchronous")
+    tool = agent.tool("defer_t")
+    assert tool is not None
+    other = {"type": "object", "properties": {"amount": {"type": "number"}}}
+    for grants, ran_as in (
+        ({"defer_t": schema_digest(tool.parameters)}, (CallState.RUNNING, "runAsync", None)),
+        ({"defer_t": schema_digest(other)}, (CallState.DEFERRED, "defer", "runAsync")),
+        ({}, (CallState.DEFERRED, "defer", "runAsync")),
+    ):
+        snap = snapshot(agent, [ask(), llm_turn(("c1", "defer_t", "{}"))])
+        snap.header.grants = grants
+        (call,) = advance(snap, ports()).calls
+        assert (call.state, call.disposition, call.then) == ran_as, grants

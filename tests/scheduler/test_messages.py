@@ -7,18 +7,9 @@ from typing import Any
 
 import pytest
 
-from celery_agents.model import (
-    CallState,
-    LlmTurn,
-    Media,
-    ToolCall,
-    ToolResponse,
-    TrackedCall,
-    UserQuery,
-    UserTurn,
-    parse_agent,
-)
+from celery_agents.model import CallState, LlmTurn, Media, ToolCall, ToolResponse, TrackedCall, UserQuery, UserTurn
 from celery_agents.scheduler import build_messages, response_for, responses_turn, tool_content
+from celery_agents.tools.resolve import parse_agent
 from tests.scheduler.fakes import ask, llm_turn, make_agent
 
 AGENT = make_agent()

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery_agents.model import Disposition, parse_agent
-from celery_agents.scheduler import disposition_for
+from celery_agents.model import Disposition
+from celery_agents.model.policy import disposition_for
+from celery_agents.tools.resolve import parse_agent
 from tests.scheduler.fakes import make_agent
 
 
@@ -113,3 +114,33 @@ def test_a_policy_without_a_mode_is_asynchronous_and_honoured() -> None:
     a = make_agent({"default": "runAsync"})
     assert a.execution_mode is None
     assert disposition_for(a, "sync_a").tag == "runAsync"
+
+
+def test_a_when_rule_applies_only_to_arguments_that_fit_it_and_rules_stay_in_order() -> None:
+    large = {"type": "object", "properties": {"amount": {"type": "number", "minimum": 100}}, "required": ["amount"]}
+    gate = {"tag": "defer", "then": "runAsync", "reason": "large"}
+    a = agent(
+        {
+            "rules": [
+                {"tool": "async_t", "when": large, "disposition": gate},
+                {"tool": "async_t", "disposition": "runSync"},
+            ]
+        }
+    )
+    assert disposition_for(a, "async_t", {"amount": 500}).tag == "defer"
+    assert disposition_for(a, "async_t", {"amount": 500}).applied().tag == "runAsync"
+    assert disposition_for(a, "async_t", {"amount": 5}).tag == "runSync"
+    assert disposition_for(a, "async_t", "not an object").tag == "runSync"
+
+
+def test_then_belongs_to_defer_and_when_must_be_a_schema() -> None:
+    import pytest
+
+    from celery_agents.errors import InvalidAgentFile
+
+    with pytest.raises(InvalidAgentFile, match="then"):
+        agent({"rules": [{"tool": "async_t", "disposition": {"tag": "runAsync", "then": "runSync"}}]})
+    with pytest.raises(InvalidAgentFile, match="then"):
+        agent({"rules": [{"tool": "async_t", "disposition": {"tag": "defer", "then": "defer"}}]})
+    with pytest.raises(InvalidAgentFile, match="when is not a valid JSON Schema"):
+        agent({"rules": [{"tool": "async_t", "when": {"type": 12}, "disposition": "runSync"}]})

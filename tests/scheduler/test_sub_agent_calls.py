@@ -3,8 +3,9 @@ derived from the call), a failed call when the prompt is missing; and of queued 
 
 from __future__ import annotations
 
-from celery_agents.model import CallState, UserQuery, child_session_id, parse_agent
+from celery_agents.model import CallState, UserQuery, child_session_id
 from celery_agents.scheduler import Ports, advance
+from celery_agents.tools.resolve import parse_agent
 from tests.scheduler.fakes import RecordingTools, ScriptedLlm, ask, llm_turn, snapshot
 from tests.store.scenario import RealIds, WallClock
 
@@ -27,7 +28,7 @@ def test_a_sub_agent_call_waits_for_a_child_whose_id_the_call_decides() -> None:
     t = advance(snapshot(BOSS, [ask(), turn]), ports())
     (call,) = t.calls
     assert (call.state, call.disposition, t.state.value) == (CallState.RUNNING, "runAsync", "waiting")
-    assert call.meta["child"] == child_session_id("sess1", call.field) == child_session_id("sess1", "1:0")
+    assert call.meta.child == child_session_id("sess1", call.field) == child_session_id("sess1", "1:0")
     assert t.dispatch == [call], "even in synchronous mode the child runs on its own"
 
 

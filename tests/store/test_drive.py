@@ -142,16 +142,3 @@ def test_prepare_step_after_an_internal_failure_keeps_the_step_limit(any_store: 
     store.prepare_step(sid)
     h = store.header(sid)
     assert (h.status, h.state, h.step_limit) == (Status.ACTIVE, State.READY, 2)
-
-
-def test_a_session_stopped_by_max_steps_before_error_codes_were_stored_still_gets_its_steps(
-    any_store: Store,
-) -> None:
-    store = any_store
-    sid = stopped_by_max_steps(store)
-    legacy = '{"code":"max_steps","message":"the session reached its step limit","transient":false}'
-    store.client.hset(store.keys.meta(sid), "error", legacy)
-    store.client.hdel(store.keys.meta(sid), "error_code")
-    store.set_drive(sid, "auto")
-    h = store.header(sid)
-    assert (h.status, h.step_limit) == (Status.ACTIVE, 4)

@@ -43,9 +43,15 @@ def test_the_hash_holds_what_earlier_releases_wrote() -> None:
     assert stored["version"] == "7" and stored["status"] == "failed" and stored["created_at"] == "1.25"
     assert stored["inbox_waiting"] == "2", "the scripts count queued messages in this field"
     assert stored["response"] == '""', "an empty answer is not taken for none"
-    assert stored["usage"] == '{"prompt_tokens":3,"total_tokens":3}', "zero counters are left out"
+    assert stored["usage"] == "[3,0,3]", "usage as an array, trailing zeros and an unknown cost left out"
     assert json.loads(stored["error"])["code"] == "max_steps" and stored["error_code"] == "max_steps"
     assert header_to_hash(FULL.model_copy(update={"head": None, "error": None}))["head"] == ""
+
+
+def test_a_price_of_0_is_a_price_not_none() -> None:
+    priced = FULL.model_copy(update={"usage": Usage(prompt_tokens=1, completion_tokens=2, total_tokens=3, cost=0.0)})
+    assert header_to_hash(priced)["usage"] == "[1,2,3,0,0,0.0]"
+    assert header_from_hash(header_to_hash(priced)) == priced
 
 
 def test_a_hash_from_before_a_field_existed_reads_as_its_default() -> None:
@@ -71,5 +77,5 @@ def test_a_commit_record_sets_the_header_fields_a_step_changes_as_the_hash_holds
     assert control["version"] == "7" and control["owner"] == "w1" and control["owe"] is False
     assert (control["attempt"], control["lease_ms"]) == ("a1", 30_000)
     assert control["meta"]["error_code"] == "llm_error" and control["meta"]["head"] == "LlmTurn"
-    assert control["meta"]["usage"] == '{"prompt_tokens":5,"total_tokens":5}', "usage adds up over steps"
+    assert control["meta"]["usage"] == "[5,0,5]", "usage adds up over steps"
     assert control["events"] == [["failed", '{"code": "llm_error"}']]

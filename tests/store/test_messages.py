@@ -139,19 +139,8 @@ def test_the_header_counts_the_queued_messages_exactly(store: Store) -> None:
     assert _counted(store, sid) == (0, 0)
 
 
-def test_a_message_queued_into_a_session_an_older_release_wrote_is_delivered(store: Store) -> None:
-    """Its header has no count: the inbox is read, and the commit sets the count from the list."""
-    sid = start(store, text="first")
-    store.client.hdel(store.keys.meta(sid), "inbox_waiting")
-    store.client.rpush(store.keys.inbox(sid), UserQuery(text="queued before").model_dump_json())
-    step(store, sid, llm=ScriptedLlm(llm_turn(text="both answered")))
-    assert _texts(store, sid) == ["user:first", "user:queued before", "llm:both answered"]
-    assert _counted(store, sid) == (0, 0)
-    assert store.header(sid).status == Status.COMPLETED
-
-
-def test_a_count_left_too_high_by_an_older_release_never_keeps_a_session_from_completing(store: Store) -> None:
-    """An older release's commit trims the inbox without counting: the next commit reads the list."""
+def test_a_count_left_too_high_never_keeps_a_session_from_completing(store: Store) -> None:
+    """A header counting messages the inbox no longer holds: the next commit reads the list."""
     sid = start(store)
     store.client.hset(store.keys.meta(sid), "inbox_waiting", "2")
     step(store, sid, llm=ScriptedLlm(llm_turn(text="done")))

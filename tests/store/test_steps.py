@@ -13,6 +13,7 @@ from celery_agents.model import AgentSpec, CallState, ErrorInfo, LlmTurn, State,
 from celery_agents.runtime import commit_transition
 from celery_agents.store import Begun, LeaseLost, Store
 from celery_agents.store.commit import commit_record
+from celery_agents.store.records import LeaseRef
 from celery_agents.store.store import JOURNAL_TTL_S
 from tests.scheduler.fakes import RecordingTools, ScriptedLlm, llm_turn
 from tests.store.scenario import AGENT, begin, commit, decide, start, step, token_hash
@@ -108,23 +109,9 @@ def test_begin_step_returns_the_journal_of_a_tools_step(any_store: Store) -> Non
     assert begin(store, sid, "worker-b").journal == {"tool:1:0": "ran once"}
 
 
-def test_begin_step_returns_what_an_older_release_journaled_into_a_session_it_wrote(any_store: Store) -> None:
-    """A session whose header has no count of queued messages was last written by an older
-    release, which journaled model answers: its journal and its inbox are read."""
-    store = any_store
-    sid = start(store)
-    store.client.hdel(store.keys.meta(sid), "inbox_waiting")
-    store.journal_put(sid, "llm:1", "{}", "worker-a", 1)
-    store.client.rpush(store.keys.inbox(sid), UserQuery(text="from before").model_dump_json())
-    loaded = begin(store, sid, "worker-a")
-    assert loaded.journal == {"llm:1": "{}"}
-    assert loaded.inbox == [UserQuery(text="from before")]
-
-
 def test_a_model_step_with_no_message_queued_reads_no_journal(any_store: Store) -> None:
-    """Such a step journals nothing (its model answer travels in its commit). An answer an older
-    worker journaled into a session the new release wrote (a rolling upgrade) is not read: the
-    redelivered step asks the model once more."""
+    """Such a step journals nothing (its model answer travels in its commit): a journaled answer is
+    not read, the redelivered step asks the model once more."""
     store = any_store
     sid = start(store)
     store.journal_put(sid, "llm:1", "{}", "worker-a", 1)
@@ -471,7 +458,7 @@ def test_a_step_that_lost_its_lease_or_version_journals_nothing(any_store: Store
 
 
 def test_a_sync_tool_failure_is_committed_as_a_failed_call(any_store: Store) -> None:
-    from celery_agents.scheduler import CallOutcome
+    from celery_agents.model import CallOutcome
 
     store = any_store
     sid = start(store)
@@ -514,13 +501,38 @@ def test_only_the_holder_renews_a_lease(any_store: Store) -> None:
     key = store.keys.lease(sid)
     lease_ms = int(store.settings.lease_seconds * 1000)
     store.client.pexpire(key, 500)
-    assert store.scripts.run("lease_renew", [key], ["worker-b", lease_ms]) == 0
+    assert store.renew_leases([LeaseRef(key, "worker-b", store.keys.meta(sid), 1)]) == ["lost"]
     assert 0 < store.client.pttl(key) <= 500
-    assert store.scripts.run("lease_renew", [key], ["worker-a", lease_ms]) == 1
+    assert store.renew_leases([LeaseRef(key, "worker-a", store.keys.meta(sid), 1)]) == ["renewed"]
     assert 500 < store.client.pttl(key) <= lease_ms
+
+
+def test_a_lapsed_step_lease_is_taken_again_only_while_the_session_waits_at_the_step(any_store: Store) -> None:
+    """A lease that lapsed under its holder (Redis away longer than the lease, or restarted) with
+    nobody else taking it comes back to that holder; not once the session moved past its step."""
+    store = any_store
+    sid = start(store)
+    loaded = begin(store, sid, "worker-a")
+    key = store.keys.lease(sid)
+    mine = LeaseRef(key, "worker-a", store.keys.meta(sid), 1)
     store.client.delete(key)
-    assert store.scripts.run("lease_renew", [key], ["worker-a", lease_ms]) == 0
-    assert store.lease_holder(sid) is None, "a lapsed lease is not brought back"
+    assert store.renew_leases([mine]) == ["retaken"]
+    assert store.lease_holder(sid) == "worker-a"
+    assert 0 < store.client.pttl(key) <= int(store.settings.lease_seconds * 1000)
+    t = decide(store, loaded, ScriptedLlm(llm_turn(text="done")))
+    assert commit(store, sid, loaded, t, owner="worker-a").outcome == "ok"
+    assert store.renew_leases([mine]) == ["lost"]
+    assert store.lease_holder(sid) is None, "a lease of a step already committed is not brought back"
+
+
+def test_a_lapsed_step_lease_of_a_cancelled_session_is_not_taken_again(any_store: Store) -> None:
+    store = any_store
+    sid = start(store)
+    begin(store, sid, "worker-a")
+    store.cancel(sid)
+    store.client.delete(store.keys.lease(sid))
+    assert store.renew_leases([LeaseRef(store.keys.lease(sid), "worker-a", store.keys.meta(sid), 1)]) == ["lost"]
+    assert store.lease_holder(sid) is None
 
 
 def test_a_step_lease_lapses_on_its_own(any_store: Store) -> None:

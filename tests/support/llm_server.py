@@ -2,7 +2,11 @@
 
 litellm reaches it through `apiBase` exactly as it reaches a real provider. The request's model
 name picks the scenario (`"model": "openai/<scenario>"`), so one server in the test process serves
-many tests and worker processes at once. Every request is recorded.
+many tests and worker processes at once. Every request is recorded. A request with `"stream":
+true` is answered as Server-Sent Events, as OpenAI streams: the reasoning, the text and each tool
+call's arguments in pieces of `chunk_chars`, `chunk_delay` seconds apart, then the finish reason
+and (with `stream_options.include_usage`) the usage; `streams` counts the streamed answers that
+were cut off by their caller.
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
     delay: float = 0.0
     raw_arguments: dict[int, str] = field(default_factory=dict)
+    #: streamed: characters per piece, and the pause between pieces (s)
+    chunk_chars: int = 4
+    chunk_delay: float = 0.0
 
     def body(self, model: str, turn: int) -> dict[str, Any]:
         calls = []
@@ -58,6 +65,35 @@ class Reply:
             "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if calls else "stop"}],
             "usage": usage,
         }
+
+    def chunks(self, model: str, turn: int, usage: bool) -> list[dict[str, Any]]:
+        """The answer as the chunks of a stream (`chat.completion.chunk` objects), in order."""
+        whole = self.body(model, turn)
+        message, base = whole["choices"][0]["message"], {k: whole[k] for k in ("id", "created", "model")}
+        n = max(1, self.chunk_chars)
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+            choice = {"index": 0, "delta": delta, "finish_reason": finish}
+            return {**base, "object": "chat.completion.chunk", "choices": [choice]}
+
+        out = [chunk({"role": "assistant", "content": ""})]
+        for key in ("reasoning_content", "content"):
+            value = message.get(key) or ""
+            out += [chunk({key: value[i : i + n]}) for i in range(0, len(value), n)]
+        for i, call in enumerate(message.get("tool_calls") or []):
+            head = {"index": i, "id": call["id"], "type": "function"}
+            out.append(
+                chunk({"tool_calls": [{**head, "function": {"name": call["function"]["name"], "arguments": ""}}]})
+            )
+            args = call["function"]["arguments"]
+            out += [
+                chunk({"tool_calls": [{"index": i, "function": {"arguments": args[j : j + n]}}]})
+                for j in range(0, len(args), n)
+            ]
+        out.append(chunk({}, whole["choices"][0]["finish_reason"]))
+        if usage:
+            out.append({**base, "object": "chat.completion.chunk", "choices": [], "usage": whole["usage"]})
+        return out
 
 
 def text(content: str, **kw: Any) -> Reply:
@@ -104,6 +140,8 @@ class LlmServer:
         self._scripts: dict[str, deque[Reply | Callable[[dict[str, Any]], Reply]]] = defaultdict(deque)
         self._last: dict[str, Reply | Callable[[dict[str, Any]], Reply]] = {}
         self.requests: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        #: per scenario: streamed answers whose caller went away before their end
+        self.cut: dict[str, int] = defaultdict(int)
         self._lock = threading.Lock()
         self._httpd = _Server(("127.0.0.1", 0), self._handler())
         self._httpd.daemon_threads = True
@@ -163,11 +201,18 @@ class LlmServer:
                 body = json.loads(self.rfile.read(length) or b"{}")
                 body["_authorization"] = self.headers.get("authorization")
                 body["_x_api_key"] = self.headers.get("x-api-key")  # how Anthropic clients send keys
+                body["_organization"] = self.headers.get("openai-organization")
                 name = str(body.get("model", ""))
                 turn = sum(1 for m in body.get("messages", []) if m.get("role") == "assistant")
                 reply = server._next(name, body)
                 if reply.delay:
                     time.sleep(reply.delay)
+                if body.get("stream") and reply.status == 200:
+                    usage = bool((body.get("stream_options") or {}).get("include_usage"))
+                    if not self._stream(reply.chunks(name, turn, usage), reply.chunk_delay):
+                        with server._lock:
+                            server.cut[name] += 1
+                    return
                 payload = reply.error_body if reply.status != 200 else reply.body(name, turn)
                 data = json.dumps(payload).encode()
                 self.send_response(reply.status)
@@ -179,4 +224,96 @@ class LlmServer:
                 with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the caller went away
                     self.wfile.write(data)
 
+            def _stream(self, chunks: list[dict[str, Any]], pause: float) -> bool:
+                """Send `chunks` as Server-Sent Events (chunked encoding); False if the caller left."""
+                self.send_response(200)
+                self.send_header("content-type", "text/event-stream")
+                self.send_header("transfer-encoding", "chunked")
+                self.end_headers()
+                frames = [f"data: {json.dumps(c)}\n\n".encode() for c in chunks] + [b"data: [DONE]\n\n"]
+                try:
+                    for i, frame in enumerate(frames):
+                        if i and pause:
+                            time.sleep(pause)
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(frame), frame))
+                        self.wfile.flush()
+                    self.wfile.write(b"0\r\n\r\n")
+                    self.wfile.flush()
+                except (BrokenPipeError, ConnectionResetError):
+                    self.close_connection = True
+                    return False
+                return True
+
         return Handler
+
+
+class RateLimitedModel:
+    """A scenario's reply that enforces a provider's rate limit: at most `limit` requests in any
+    `window` seconds (a sliding window), a 429 with `Retry-After` (the seconds until the oldest
+    request of the window leaves it) beyond. An accepted request waits `delay` s, then gets
+    `answer(body)` (default "done"). Records when each request was accepted, how many were
+    refused, and the most in flight at once."""
+
+    def __init__(
+        self,
+        limit: int,
+        window: float,
+        answer: Callable[[dict[str, Any]], Reply] | None = None,
+        delay: float = 0.0,
+    ) -> None:
+        self.limit, self.window, self.delay = limit, window, delay
+        self.answer = answer or (lambda body: text("done"))
+        self.lock = threading.Lock()
+        self.accepted: list[float] = []
+        self.refused = 0
+        self.refused_at: list[float] = []
+        self.in_flight = 0
+        self.most_in_flight = 0
+
+    def __call__(self, body: dict[str, Any]) -> Reply:
+        now = time.monotonic()
+        with self.lock:
+            recent = [t for t in self.accepted if t > now - self.window]
+            if len(recent) >= self.limit:
+                self.refused += 1
+                self.refused_at.append(now)
+                wait = max(0.05, recent[0] + self.window - now)
+                return error(429, "rate limited", headers={"retry-after": f"{wait:.3f}"})
+            self.accepted.append(now)
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            if self.delay:
+                time.sleep(self.delay)
+            return self.answer(body)
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+
+class ClosedModel:
+    """A scenario's reply that answers its first request with a 429 and `Retry-After: seconds`,
+    and every request until those seconds have passed with the same; "done" after. Records when
+    each request came, and which were refused."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.lock = threading.Lock()
+        self.closed_until: float | None = None
+        self.requests: list[tuple[float, bool]] = []
+
+    def __call__(self, body: dict[str, Any]) -> Reply:
+        now = time.monotonic()
+        with self.lock:
+            if self.closed_until is None:
+                self.closed_until = now + self.seconds
+            refused = now < self.closed_until
+            self.requests.append((now, refused))
+        if refused:
+            return error(429, "slow down", headers={"retry-after": f"{self.closed_until - now:.3f}"})
+        return text("done")
+
+    @property
+    def refused(self) -> int:
+        with self.lock:
+            return sum(1 for _, r in self.requests if r)

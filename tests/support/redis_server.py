@@ -22,12 +22,28 @@ def free_port() -> int:
 
 class RedisServer:
     def __init__(
-        self, directory: Path, *, appendonly: bool = False, appendfsync: str = "everysec", port: int | None = None
+        self,
+        directory: Path,
+        *,
+        appendonly: bool = False,
+        appendfsync: str = "everysec",
+        port: int | None = None,
+        binary: str | None = None,
+        extra: list[str] | None = None,
+        auth: tuple[str, str] | None = None,
     ) -> None:
+        """`auth`: (user, password) this object's own clients log in with (ACL users in `extra`)."""
         self.dir = Path(directory)
+        self.binary = binary or redis_server_binary(("path", "system"))
         self.port = port or free_port()
         self.appendonly = appendonly
         self.appendfsync = appendfsync
+        #: more `--option value` arguments (a password, a replica's `--masterauth`...)
+        self.extra = list(extra or [])
+        self.password = self.extra[self.extra.index("--requirepass") + 1] if "--requirepass" in self.extra else None
+        self.username: str | None = None
+        if auth is not None:
+            self.username, self.password = auth
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -35,10 +51,9 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> RedisServer:
-        binary = redis_server_binary(("path", "system"))
         self.dir.mkdir(parents=True, exist_ok=True)
         args = [
-            binary,
+            self.binary,
             "--port",
             str(self.port),
             "--bind",
@@ -55,9 +70,10 @@ class RedisServer:
             "noeviction",
             "--logfile",
             str(self.dir / "redis.log"),
+            *self.extra,
         ]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        client = redis.Redis(port=self.port, username=self.username, password=self.password, socket_connect_timeout=0.2)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             try:
@@ -75,7 +91,9 @@ class RedisServer:
             self.proc.kill()
         else:
             with contextlib.suppress(redis.ConnectionError):
-                redis.Redis(port=self.port).shutdown(nosave=not self.appendonly)
+                redis.Redis(port=self.port, username=self.username, password=self.password).shutdown(
+                    nosave=not self.appendonly
+                )
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:

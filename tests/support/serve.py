@@ -19,13 +19,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+CLI_SERVE = [sys.executable, "-m", "celery_agents.cli.main", "serve"]
+
+
 class Serve:
     """`agents serve` in a subprocess; `wait_ready` waits until it answers."""
 
-    def __init__(self, env: dict[str, str], log: Path, port: int | None = None) -> None:
+    def __init__(self, env: dict[str, str], log: Path, port: int | None = None, host: str = "127.0.0.1") -> None:
         self.env = env
         self.log = log
         self.port = port or free_port()
+        self.host = host
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -35,7 +39,7 @@ class Serve:
     def start(self) -> Serve:
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "celery_agents.cli.main", "serve", "--port", str(self.port), "-l", "warning"],
+                [*CLI_SERVE, "--host", self.host, "--port", str(self.port), "-l", "warning"],
                 env=self.env,
                 stdout=out,
                 stderr=subprocess.STDOUT,

@@ -10,14 +10,18 @@ import json
 import time
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from celery_agents.config import Settings
-from celery_agents.store import Store
+from celery_agents.store import Store, client_for_url
 from celery_agents.tasks.config import Dispatcher, make_app
-from celery_agents.tasks.services import sweep_once
-from tests.store.scenario import start, waiting_on
+from celery_agents.tasks.services import AfterOutage, sweep_once
+from tests.e2e.conftest import wait_for
+from tests.store.scenario import begin, start, waiting_on
+from tests.support.queues import messages
+from tests.support.redis_server import RedisServer
 
 
 @pytest.fixture(params=["state-redis", "broker-url"])
@@ -36,9 +40,8 @@ def dispatcher(sweeper_settings: Settings) -> Iterator[Dispatcher]:
 
 def queued(store: Store, queue: str) -> list[dict[str, object]]:
     """The messages waiting in a queue, oldest first: task name and arguments."""
-    raw = store.client.lrange(f"{store.keys.celery_prefix}{queue}", 0, -1)
     out = []
-    for message in reversed(raw):
+    for message in messages(store.client, store.keys.celery_prefix, queue):
         doc = json.loads(message)
         args, _kwargs, _embed = json.loads(base64.b64decode(doc["body"]))
         out.append({"task": doc["headers"]["task"], "args": repr(tuple(args))})
@@ -125,3 +128,33 @@ def test_sweeps_that_leave_work_alone_leave_nothing_behind_in_redis(
 
 def keys_under(store: Store) -> set[str]:
     return set(store.client.scan_iter(f"{store.keys.prefix}*", count=1000))
+
+
+def test_after_redis_was_away_the_sweeper_takes_over_nothing_for_one_lease(
+    store: Store, sweeper_settings: Settings, dispatcher: Dispatcher
+) -> None:
+    """A step whose worker waited a Redis outage out finds its lease lapsed (nobody could renew it):
+    for one lease after Redis is back the sweeper leaves it alone, so the step can take its lease
+    back; after that, a lapsed lease again means its worker died."""
+    now = time.time()
+    picked = start(store, drive="auto", owe=True, now=now - 5)
+    begin(store, picked, "worker-a")
+    store.client.delete(store.keys.lease(picked))  # lapsed during the outage
+    outage = AfterOutage(lease_seconds=1.0)
+    outage.unreachable(ConnectionError("refused"))
+    outage.reached()
+    assert not outage.may_recover(store)
+    assert sweep_once(store, dispatcher, sweeper_settings, now=now, recover=outage.may_recover(store))["owed"] == 0
+    assert queued(store, "steps") == []
+    wait_for(lambda: outage.may_recover(store), timeout=10, what="one lease after Redis came back")
+    assert sweep_once(store, dispatcher, sweeper_settings, now=now, recover=outage.may_recover(store))["owed"] == 1
+
+
+def test_a_redis_that_started_less_than_a_lease_ago_gets_no_takeovers(tmp_path: Path, settings: Settings) -> None:
+    """Restarted between two sweeps, Redis shows no failure to the sweeper: its uptime does."""
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        fresh = Store(client_for_url(server.url), replace(settings, redis_url=server.url))
+        assert not AfterOutage(lease_seconds=30).may_recover(fresh)
+    finally:
+        server.stop(kill=True)

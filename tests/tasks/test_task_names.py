@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from celery_agents.model import TrackedCall
@@ -11,6 +12,7 @@ from celery_agents.tasks.config import CALL_TASK, ISOLATED_TASK, STEP_TASK, Disp
 class Recorder:
     def __init__(self) -> None:
         self.sent: list[tuple[str, dict[str, Any]]] = []
+        self.conf = SimpleNamespace(broker_url="redis://127.0.0.1:6379/0")
 
     def send_task(self, name: str, **options: Any) -> None:
         self.sent.append((name, options))

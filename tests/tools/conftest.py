@@ -7,18 +7,16 @@ import os
 import shutil
 import stat
 import sys
-import tempfile
 import textwrap
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from celery_agents.model import AgentSpec, TrackedCall, parse_agent
-from celery_agents.scheduler.ports import CallOutcome
+from celery_agents.model import AgentSpec, CallOutcome, TrackedCall
 from celery_agents.tools import Sandbox, SandboxConfig, ToolRunner
+from celery_agents.tools.resolve import parse_agent
 from celery_agents.tools.sandbox import SandboxUnavailable, reachable_by_others
 
 
@@ -33,15 +31,6 @@ def _reachable_python() -> str:
 
 
 PY = _reachable_python()
-
-
-@pytest.fixture
-def tooldir() -> Iterator[Path]:
-    """A folder every uid can read (pytest's tmp_path is 0700): sandboxed tools run from here."""
-    path = Path(tempfile.mkdtemp(prefix="agents-tooltest-"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def write_program(folder: Path, name: str, source: str, executable: bool = False) -> Path:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import os
 import sys
-import threading
 from pathlib import Path
 from typing import Any, Literal
 
@@ -15,11 +14,6 @@ PNG_1PX = base64.b64encode(
         "1f15c4890000000d49444154789c6360000002000154a24f5d0000000049454e44ae426082"
     )
 ).decode()
-
-_attempts: dict[str, int] = {}
-_lock = threading.Lock()
-#: set by a test to let `hang` return
-release = threading.Event()
 
 
 class FlakyError(Exception):
@@ -42,17 +36,23 @@ def explode(reason: str) -> None:
 
 
 def flaky(key: str, failures: int) -> str:
-    """Fails `failures` times for `key` with a retryable error, then answers."""
-    with _lock:
-        _attempts[key] = _attempts.get(key, 0) + 1
-        n = _attempts[key]
+    """Fails `failures` times for `key` (a file counting its attempts: each call is a process of its
+    own) with a retryable error, then answers."""
+    counter = Path(key)
+    n = int(counter.read_text() if counter.exists() else "0") + 1
+    counter.write_text(str(n))
     if n <= failures:
         raise FlakyError(f"temporary failure {n}")
     return f"ok after {n}"
 
 
-def hang() -> str:
-    release.wait(30)
+def hang(pidfile: str = "") -> str:
+    """Sleeps past any timeout a test gives it; says which process it runs in."""
+    import time
+
+    if pidfile:
+        Path(pidfile).write_text(str(os.getpid()))
+    time.sleep(30)
     return "released"
 
 

@@ -69,7 +69,7 @@ def test_a_non_zero_exit_fails_with_stderr_as_the_error(tooldir: Path) -> None:
     )
     out = run_tool(ToolRunner(), agent, "no")
     assert (out.state, out.exit_status, out.error, out.attempts) == ("failed", 3, "no such city: Atlantis", 1)
-    assert not out.meta.get("retryable")
+    assert not out.meta.retryable
 
 
 def test_arguments_that_do_not_match_the_schema_never_reach_the_tool(tooldir: Path) -> None:
@@ -88,7 +88,7 @@ def test_arguments_that_do_not_match_the_schema_never_reach_the_tool(tooldir: Pa
         ]
     )
     out = run_tool(ToolRunner(), agent, "weather", {"days": "three"})
-    assert out.state == "failed" and out.attempts == 0 and out.meta["invalid_arguments"]
+    assert out.state == "failed" and out.attempts == 0 and out.meta.invalid_arguments
     assert "'city' is a required property" in out.error
     assert "days: 'three' is not of type 'integer'" in out.error
     assert "city (string, required), days (integer)" in out.error, "the model is told what to send"
@@ -119,7 +119,7 @@ def test_a_hung_tool_is_killed_at_its_timeout_with_a_child_that_ignores_sigterm(
     started = time.monotonic()
     out = run_tool(ToolRunner(), agent, "hang")
     elapsed = time.monotonic() - started
-    assert out.state == "failed" and out.meta["timed_out"]
+    assert out.state == "failed" and out.meta.timed_out
     assert "did not finish within 2 s and was killed" in out.error
     assert ready.exists(), "the child had started and was ignoring SIGTERM"
     child = int(ready.read_text())
@@ -141,7 +141,7 @@ def test_oversize_output_is_cut_at_the_cap_and_says_so(tooldir: Path) -> None:
     assert out.state == "completed"
     assert out.result.startswith("y" * 1000)
     assert "the tool wrote 5000000 bytes; only the first 1000 are kept" in out.result
-    assert out.meta["output_capped"] == {"written": 5_000_000, "cap": 1000}
+    assert out.meta.output_capped == {"written": 5_000_000, "cap": 1000}
 
 
 def test_a_tool_killed_by_a_signal_fails_saying_which(tooldir: Path) -> None:
@@ -191,7 +191,21 @@ def test_an_image_printed_on_stdout_becomes_media(tooldir: Path) -> None:
     assert out.result.startswith("attached: image/png")
 
 
-def test_runsync_tools_keep_the_worker_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TOOLTEST_VISIBLE", "yes")
-    agent = make_agent([{"name": "env", "command": [PY, "-c", "import os; print(os.environ['TOOLTEST_VISIBLE'])"]}])
-    assert run_tool(ToolRunner(), agent, "env").result == "yes"
+def test_a_command_tool_gets_only_the_variables_it_or_the_worker_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TOOLTEST_NAMED", "named")
+    monkeypatch.setenv("TOOLTEST_SHARED", "shared")
+    monkeypatch.setenv("TOOLTEST_OTHER", "other")
+    monkeypatch.setenv("AGENTS_SPEC_KEY", "never-a-tool-s")
+    show = [
+        PY,
+        "-c",
+        "import json, os; print(json.dumps(sorted(k for k in os.environ if k.startswith(('TOOLTEST', 'AGENTS')))))",
+    ]
+    agent = make_agent(
+        [{"name": "env", "command": show, "env": ["TOOLTEST_NAMED"]}, {"name": "plain", "command": show}]
+    )
+    runner = ToolRunner(tool_env=("TOOLTEST_SHARED",))
+    ids = ["AGENTS_CALL_ID", "AGENTS_IDEMPOTENCY_KEY", "AGENTS_SESSION_ID"]
+    assert run_tool(runner, agent, "env").result == [*ids, "TOOLTEST_NAMED", "TOOLTEST_SHARED"]
+    assert run_tool(runner, agent, "plain").result == [*ids, "TOOLTEST_SHARED"]
+    assert run_tool(ToolRunner(), agent, "plain").result == ids

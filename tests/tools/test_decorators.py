@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 
 from celery_agents.errors import InvalidAgentFile
-from celery_agents.model import parse_agent
+from celery_agents.model import CallMeta, CallOutcome
 from celery_agents.model.agent import Disposition, Limits, ToolSpec
-from celery_agents.scheduler.ports import CallOutcome
 from celery_agents.tools import ToolRunner
 from celery_agents.tools.decorators import resolve_limits, with_retries
+from celery_agents.tools.resolve import parse_agent
 from celery_agents.tools.sandbox import DEFAULT_LIMITS
 from tests.tools.conftest import PY, make_agent, run_tool, write_program
 
@@ -60,7 +60,7 @@ def test_a_tool_exiting_75_is_retried_until_it_works(tooldir: Path) -> None:
     agent, counter = counted_agent(tooldir, 75, 2, {"retries": 3, "backoffSeconds": 0.01})
     out = run_tool(ToolRunner(), agent, "counted")
     assert (out.state, out.result, out.attempts) == ("completed", "attempt 3 worked", 3)
-    assert out.meta["earlier_attempts"] == ["attempt 1 failed", "attempt 2 failed"]
+    assert out.meta.earlier_attempts == ["attempt 1 failed", "attempt 2 failed"]
     assert counter.read_text() == "3"
 
 
@@ -85,14 +85,14 @@ def test_a_timeout_is_retried(tooldir: Path) -> None:
     assert not counter.exists()
     out = run_tool(ToolRunner(), agent, "counted")
     assert (out.state, out.result, out.attempts) == ("completed", "attempt 2 worked", 2)
-    assert "did not finish within 1 s" in out.meta["earlier_attempts"][0]
+    assert "did not finish within 1 s" in out.meta.earlier_attempts[0]
 
 
 def test_backoff_doubles_from_the_base_and_is_capped() -> None:
     delays: list[float] = []
 
     def always_retryable() -> CallOutcome:
-        return CallOutcome(state="failed", error="busy", meta={"retryable": True})
+        return CallOutcome(state="failed", error="busy", meta=CallMeta(retryable=True))
 
     out = with_retries(always_retryable, Disposition(tag="runSync", retries=4), sleep=delays.append)
     assert out.attempts == 5 and delays == [0.5, 1.0, 2.0, 4.0]
@@ -117,7 +117,7 @@ def test_truncate_cuts_the_result_and_says_so(tooldir: Path) -> None:
     kept, note = out.result.split("\n")
     assert kept == "é" * 50, "cut at a character boundary within 101 bytes"
     assert note == "[truncated: the result was 800 bytes, cut to 101]"
-    assert out.meta["truncated"] == {"bytes": 800, "limit": 101}
+    assert out.meta.truncated == {"bytes": 800, "limit": 101}
     out = run_tool(ToolRunner(), agent, "json")
     assert out.result.startswith('{"k": "vvv') and "cut to 50" in out.result
 

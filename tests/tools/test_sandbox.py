@@ -66,7 +66,7 @@ def test_the_worker_secrets_are_not_in_the_tool_environment(
     assert (env["AGENTS_SESSION_ID"], env["AGENTS_CALL_ID"]) == ("s-env", "call_env")
     assert env["HOME"] == out.result["cwd"] == env["TMPDIR"]
     assert not os.path.exists(out.result["cwd"]), "the run's directory is removed afterwards"
-    assert out.meta["isolation"] == level
+    assert out.meta.isolation == level
 
 
 def test_writing_outside_its_directory_is_refused(isolated: ToolRunner, level: str, tooldir: Path) -> None:
@@ -109,7 +109,7 @@ def test_allocating_past_the_memory_limit_fails_the_call(isolated: ToolRunner) -
     agent = make_agent([tool("hog", "b = bytearray(1024 * 1024 * 1024); print(len(b))", limits={"memoryMb": 256})])
     out = run_tool(isolated, agent, "hog")
     assert out.state == "failed" and "MemoryError" in out.error
-    assert out.meta["limits"]["memoryMb"] == 256
+    assert out.meta.limits["memoryMb"] == 256
 
 
 def test_a_fork_bomb_is_capped_and_killed_at_the_timeout(isolated: ToolRunner, level: str) -> None:
@@ -123,11 +123,11 @@ def test_a_fork_bomb_is_capped_and_killed_at_the_timeout(isolated: ToolRunner, l
     )
     started = time.monotonic()
     out = run_tool(isolated, agent, "bomb")
-    assert out.state == "failed" and out.meta["timed_out"] and "did not finish within 2 s" in out.error
+    assert out.state == "failed" and out.meta.timed_out and "did not finish within 2 s" in out.error
     assert time.monotonic() - started < 2 + 1 + 5 + 5
     assert alive_with(marker) == [], "every process of the bomb is gone"
-    if out.meta.get("uid") is not None:
-        assert alive_as(int(out.meta["uid"])) == []
+    if out.meta.uid is not None:
+        assert alive_as(int(out.meta.uid)) == []
 
 
 def test_forking_stops_at_the_process_limit(isolated: ToolRunner, level: str) -> None:
@@ -175,7 +175,7 @@ def test_past_its_timeout_the_whole_tree_dies_even_what_ignores_sigterm_or_left_
         rules=[{"tool": "stubborn", "disposition": {"tag": "runIsolated", "timeoutSeconds": 1}}],
     )
     out = run_tool(isolated, agent, "stubborn")
-    assert out.state == "failed" and out.meta["timed_out"]
+    assert out.state == "failed" and out.meta.timed_out
     assert "did not finish within 1 s and was killed" in out.error
     assert alive_with(marker) == []
 
@@ -183,7 +183,7 @@ def test_past_its_timeout_the_whole_tree_dies_even_what_ignores_sigterm_or_left_
 def test_a_busy_loop_stops_at_its_cpu_limit(isolated: ToolRunner) -> None:
     agent = make_agent([tool("spin", "while True: pass", limits={"cpuSeconds": 1})])
     out = run_tool(isolated, agent, "spin")
-    assert out.state == "failed" and not out.meta.get("timed_out")
+    assert out.state == "failed" and not out.meta.timed_out
     assert "CPU time limit" in out.error or "killed by SIGKILL" in out.error, out.error
 
 
@@ -206,7 +206,7 @@ def test_a_flood_of_output_is_capped_without_filling_the_worker(isolated: ToolRu
     out = run_tool(isolated, agent, "flood")
     assert out.state == "completed"
     assert out.result.startswith("w" * 2000) and "the tool wrote 26214400 bytes; only the first 2000" in out.result
-    assert out.meta["output_capped"] == {"written": 26214400, "cap": 2000}
+    assert out.meta.output_capped == {"written": 26214400, "cap": 2000}
 
 
 def test_a_root_worker_runs_each_tool_under_a_uid_of_its_own(isolated: ToolRunner, level: str) -> None:
@@ -214,7 +214,7 @@ def test_a_root_worker_runs_each_tool_under_a_uid_of_its_own(isolated: ToolRunne
         pytest.skip("only a root worker changes the tool's uid")
     agent = make_agent([tool("uid", "import os; print(os.getuid())")])
     first, second = run_tool(isolated, agent, "uid"), run_tool(isolated, agent, "uid")
-    assert first.result != 0 and first.result == first.meta["uid"]
+    assert first.result != 0 and first.result == first.meta.uid
     assert second.result != first.result
 
 
@@ -282,13 +282,13 @@ def test_children_together_cannot_go_past_the_memory_limit(isolated: ToolRunner,
         isolated=True, sandbox=Sandbox(SandboxConfig(bwrap="require" if level == "bwrap" else "off", cgroup="off"))
     )
     unbounded = run_tool(without, agent, "forking-hog")
-    assert unbounded.state == "completed" and unbounded.meta["memory_scope"] == "process", (
+    assert unbounded.state == "completed" and unbounded.meta.memory_scope == "process", (
         "per-process limits alone let 4 x 150 MB through: the gap the cgroup closes"
     )
     out = run_tool(isolated, agent, "forking-hog")
     assert out.state == "failed", out.result
     assert out.error.startswith("out of memory: the run's processes together went past memoryMb=256"), out.error
-    assert out.meta["memory_scope"] == "run" and out.meta["oom_kills"] >= 1
+    assert out.meta.memory_scope == "run" and out.meta.oom_kills >= 1
     # The limit is the run's alone: the next run starts afresh and its cgroup is gone afterwards.
     ok = run_tool(isolated, make_agent([tool("small", "print(len(bytearray(100 * 1024 * 1024)))")]), "small")
     assert ok.state == "completed" and ok.result == 104857600 and "oom_kills" not in ok.meta, ok.error
@@ -302,7 +302,7 @@ def test_a_limit_of_one_process_still_runs_the_tool(isolated: ToolRunner, level:
     out = run_tool(isolated, agent, "single")
     assert out.state == "completed" and out.result == "alone", (out.error, out.meta)
     forked = run_tool(isolated, agent, "forks")
-    if forked.meta.get("memory_scope") == "run":  # the cgroup counts the run's processes: no second one
+    if forked.meta.memory_scope == "run":  # the cgroup counts the run's processes: no second one
         assert forked.state == "completed" and forked.result == "refused", (forked.error, forked.meta)
 
 

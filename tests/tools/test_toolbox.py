@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from celery_agents.errors import InvalidAgentFile
-from celery_agents.model import AgentSpec, load_agent_file
+from celery_agents.model import AgentSpec
 from celery_agents.tools import Sandbox, SandboxConfig, ToolRunner
+from celery_agents.tools.resolve import load_agent_file
 from tests.tools.conftest import PY, run_tool, write_program
 from tests.tools.sample_tools import PNG_1PX
 
@@ -192,4 +193,4 @@ def test_script_tools_run_in_the_sandbox_too(toolbox: Path) -> None:
     runner = ToolRunner(isolated=True, sandbox=Sandbox(SandboxConfig(bwrap="off")))
     out = run_tool(runner, agent, "bash_greet", {"name": "Bo"})
     assert out.state == "completed", out.error
-    assert out.result["argv"] == ["run", "--name", "Bo"] and out.meta["isolation"] == "namespaces"
+    assert out.result["argv"] == ["run", "--name", "Bo"] and out.meta.isolation == "namespaces"

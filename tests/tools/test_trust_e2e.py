@@ -10,10 +10,13 @@ at all: its isolated calls fail saying why, and `agents doctor` fails.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
 import tempfile
+import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,17 +27,30 @@ import pytest
 import redis
 
 from celery_agents import Client
-from celery_agents.model import State
+from celery_agents.config import Settings
+from celery_agents.model import CallState, State, TrackedCall
+from celery_agents.store.keys import Keys
+from celery_agents.tasks.config import Dispatcher, make_app
 from tests.e2e.conftest import wait_for
 from tests.support.confinement import as_user, unprivileged_user, without_namespaces
 from tests.support.llm_server import LlmServer, calls, text
+from tests.support.metrics import parse_metrics
+from tests.support.serve import free_port
 from tests.support.workers import Worker, worker_env
 from tests.tools.conftest import PY, bwrap_usable, write_program
-from tests.tools.test_isolated_e2e import settings_for
+from tests.tools.test_isolated_e2e import settings_for as unsigned_settings
+
+
+def settings_for(redis_url: str, prefix: str, home: Path) -> Settings:
+    """A client of these workers: it signs the specs it stores."""
+    return dataclasses.replace(unsigned_settings(redis_url, prefix, home), spec_key=SPEC_KEY)
+
 
 pytestmark = pytest.mark.slow
 
 SECRET = "sk-trust-e2e-worker-secret"
+#: the workers verify every spec with it; the tests' clients sign with it; an intruder has only Redis
+SPEC_KEY = "spec-key-trust-e2e-0123456789abcdef"
 MODES = ["root+bwrap", "root+no-bwrap", "user+bwrap", "user+no-bwrap"]
 
 PROBE = """
@@ -158,10 +174,23 @@ def worker(
         HOME=str(home),
         AGENTS_SANDBOX_DIR=str(sandbox_root),
         AGENTS_SANDBOX_BWRAP="require" if mode.endswith("+bwrap") else "off",
+        AGENTS_SPEC_KEY=SPEC_KEY,
+        GITHUB_TOKEN="ghp-named-by-one-tool",
+        SHARED_VAR="given-to-every-tool",
+        AGENTS_TOOL_ENV="SHARED_VAR",
     )
     log = tmp_path_factory.mktemp("trust-logs") / f"{mode}.log"
+    metrics = free_port()
     # Exec'd: the probe looks for the secret in every /proc/<pid>/environ, the worker's included.
-    started = Worker(env, log=log, name=f"trust-{mode}-{uuid.uuid4().hex[:6]}@test", prefix=wrap, fork=False).start()
+    started = Worker(
+        env,
+        log=log,
+        name=f"trust-{mode}-{uuid.uuid4().hex[:6]}@test",
+        prefix=wrap,
+        fork=False,
+        extra_args=["--metrics-port", str(metrics)],
+    ).start()
+    started.metrics_port = metrics  # type: ignore[attr-defined]
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     try:
         started.wait_ready(client, prefix, timeout=90)
@@ -331,3 +360,212 @@ def test_a_worker_that_can_contain_nothing_fails_its_isolated_calls_and_doctor(
     [check] = [c for c in doctor.doc["checks"] if c["name"].startswith("sandbox on nothing-")]
     assert not check["ok"] and "runs no isolated call" in check["detail"], check
     assert not doctor.doc["ok"]
+
+
+ACT = """
+import json, sys
+exec(json.load(sys.stdin)["code"])
+"""
+
+CODE = {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]}
+
+
+def forged_calls_session(
+    worker: tuple[Worker, str], redis_url: str, llm_server: LlmServer, tooldir: Path, tmp_path: Path
+) -> tuple[str, Settings]:
+    """A signed session waiting on a deferred call and an approval gate, whose agent also has a
+    runIsolated tool."""
+    write_program(tooldir, "act.py", ACT)
+    scenario = llm_server.scenario([calls(("ask", {"code": "pass"}), ("gate", {"code": "pass"})), text("done")])
+    path = tooldir / f"agent-{uuid.uuid4().hex[:6]}.json"
+    act = {"command": [PY, "act.py"], "parameters": CODE}
+    path.write_text(
+        json.dumps(
+            {
+                "slug": "forgeable",
+                "model": f"openai/{scenario}",
+                "apiBase": llm_server.url,
+                "tools": [{"name": "run_code", **act}, {"name": "ask", **act}, {"name": "gate", **act}],
+                "toolCallPolicy": {
+                    "default": "runSync",
+                    "rules": [
+                        {"tool": "run_code", "disposition": "runIsolated"},
+                        {"tool": "ask", "disposition": {"tag": "defer", "reason": "a person answers"}},
+                        {"tool": "gate", "disposition": {"tag": "defer", "then": "runAsync", "reason": "approve"}},
+                    ],
+                },
+            }
+        )
+    )
+    settings = settings_for(redis_url, worker[1], tmp_path)
+    with Client(settings, inline=False) as client:
+        view = client.start(path, "go", run=True, timeout=120)
+    assert view.state == State.WAITING and [p.tool for p in view.pending] == ["ask", "gate"]
+    return view.session_id, settings
+
+
+def marker_code(marker: Path) -> str:
+    return f"import json, os; open({str(marker)!r}, 'w').write(json.dumps({{'uid': os.getuid()}}))"
+
+
+def forge(rclient: redis.Redis, keys: Keys, sid: str, position: int, tool: str, marker: Path) -> TrackedCall:
+    """What a Redis writer without the spec key can write: a dispatched call of the session's tool
+    `tool` whose record says runAsync, with code of the writer's choosing."""
+    code = marker_code(marker)
+    call = TrackedCall(
+        call_id=f"call_forged_{position}",
+        tool=tool,
+        arguments={"code": code},
+        raw_arguments=json.dumps({"code": code}),
+        batch=1,
+        position=position,
+        disposition="runAsync",
+        state=CallState.RUNNING,
+        created_at=time.time(),
+    )
+    rclient.hset(keys.calls(sid), call.field, call.model_dump_json())
+    rclient.sadd(keys.pending(sid), call.field)
+    return call
+
+
+def forge_approval(rclient: redis.Redis, keys: Keys, sid: str, marker: Path) -> TrackedCall:
+    """The session's pending approval gate, approved as the decision script would record it (its
+    results entry says it runs the writer's code, its token says approved) but for the key's seal."""
+    [gate] = [
+        c for c in (TrackedCall.model_validate_json(v) for v in rclient.hvals(keys.calls(sid))) if c.tool == "gate"
+    ]
+    running = json.dumps({"state": "running", "decision": "approved", "arguments": {"code": marker_code(marker)}})
+    rclient.hset(keys.results(sid), gate.field, running)
+    _, secret = (gate.token or "").split(".", 1)
+    rclient.hset(keys.token(sid, secret), mapping={"state": "completed", "decision": "approved", "approved": running})
+    return gate
+
+
+def refused_counts(worker: Worker) -> float:
+    """`agents_calls_refused_total{lane="runAsync"}` as the worker's /metrics serves it."""
+    port = worker.metrics_port  # type: ignore[attr-defined]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        samples = parse_metrics(r.read().decode())
+    return samples.get('agents_calls_refused_total{lane="runAsync"}', 0.0)
+
+
+@pytest.mark.parametrize("path", ["publish", "sweeper"])
+def test_a_forged_call_record_runs_nothing_outside_what_the_signed_policy_allows(
+    path: str,
+    mode: str,
+    worker: tuple[Worker, str],
+    redis_url: str,
+    llm_server: LlmServer,
+    tooldir: Path,
+    tmp_path: Path,
+) -> None:
+    sid, settings = forged_calls_session(worker, redis_url, llm_server, tooldir, tmp_path)
+    drop = Path(tempfile.mkdtemp(prefix="agents-forged-"))
+    drop.chmod(0o777)  # writable by the worker, whatever its uid, if it ever runs the code
+    keys = Keys(worker[1])
+    rclient = redis.Redis.from_url(redis_url, decode_responses=True)
+    counted = refused_counts(worker[0])
+    try:
+        # The isolated tool with a record saying runAsync (outside the sandbox), the deferred
+        # tool with one saying runAsync (before any decision), and the approval gate marked
+        # approved with the writer's arguments (no decision was ever made).
+        forged = [
+            forge(rclient, keys, sid, 8, "run_code", drop / "isolated"),
+            forge(rclient, keys, sid, 9, "ask", drop / "deferred"),
+            forge_approval(rclient, keys, sid, drop / "gate"),
+        ]
+        if path == "publish":
+            dispatcher = Dispatcher(make_app(dataclasses.replace(settings, spec_key=None), main="intruder"))
+            for call in forged:
+                dispatcher.call(sid, call)
+        else:  # no message at all: the sweeper publishes what the dispatched index says is lost
+            long_ago = int((time.time() - 3600) * 1000)
+            rclient.zadd(keys.dispatched, {f"{sid} {call.field}": long_ago for call in forged})
+
+        def outcomes() -> list[dict[str, Any]] | None:
+            found = [json.loads(rclient.hget(keys.results(sid), c.field) or "{}") for c in forged]
+            return found if all(o.get("state") in ("failed", "completed") for o in found) else None
+
+        results = wait_for(outcomes, timeout=60, what="the forged calls' outcomes")
+        events = [e for _, e in rclient.xrange(keys.events(sid)) if e.get("type") == "call_refused"]
+    finally:
+        rclient.close()
+    assert sorted(p.name for p in drop.iterdir()) == [], f"{mode}: a forged call ran"
+    isolated, deferred, gate = results
+    for outcome in (isolated, deferred):
+        assert outcome["error"].startswith("not run:") and "policy gives" in outcome["error"], outcome
+    assert gate["error"].startswith("not run: it waits for a decision on its token, and none approved it"), gate
+    assert len(events) == 3, events
+    assert refused_counts(worker[0]) == counted + 3, "agents_calls_refused_total counts each refusal"
+    with Client(settings, inline=False) as client:
+        view = client.view(sid)
+    assert view.state == State.WAITING and [p.tool for p in view.pending] == ["ask"], "the session waits as before"
+
+
+DUMP = """
+import json, os, subprocess, sys
+child = subprocess.run([sys.executable, "-c", "import json, os; print(json.dumps(dict(os.environ)))"],
+                       capture_output=True, text=True, check=True)
+print(json.dumps({"env": dict(os.environ), "child": json.loads(child.stdout)}))
+"""
+
+ENVTOOL = """
+import json, os, subprocess, sys
+
+def dump() -> dict:
+    \"\"\"What a python tool sees of the environment, and what a program it starts gets.\"\"\"
+    child = subprocess.run([sys.executable, "-c", "import json, os; print(json.dumps(dict(os.environ)))"],
+                           capture_output=True, text=True, check=True)
+    return {"env": dict(os.environ), "child": json.loads(child.stdout)}
+"""
+
+
+def test_a_tool_that_dumps_its_environment_sees_only_the_allow_list(
+    mode: str, worker: tuple[Worker, str], redis_url: str, llm_server: LlmServer, tooldir: Path, tmp_path: Path
+) -> None:
+    write_program(tooldir, "dump.py", DUMP)
+    write_program(tooldir, "envtool.py", ENVTOOL)
+    scenario = llm_server.scenario(
+        [calls(("dump_sync", {}), ("dump_async", {}), ("named", {}), ("py_sync", {}), ("py_async", {})), text("done")]
+    )
+    dump = {"command": [PY, "dump.py"]}
+    path = tooldir / f"agent-{uuid.uuid4().hex[:6]}.json"
+    path.write_text(
+        json.dumps(
+            {
+                "slug": "dumper",
+                "model": f"openai/{scenario}",
+                "apiBase": llm_server.url,
+                "tools": [
+                    {"name": "dump_sync", **dump},
+                    {"name": "dump_async", **dump},
+                    {"name": "named", **dump, "env": ["GITHUB_TOKEN"]},
+                    {"name": "py_sync", "python": "envtool:dump"},
+                    {"name": "py_async", "python": "envtool:dump"},
+                ],
+                "toolCallPolicy": {
+                    "default": "runSync",
+                    "rules": [{"tool": t, "disposition": "runAsync"} for t in ("dump_async", "named", "py_async")],
+                },
+            }
+        )
+    )
+    with Client(settings_for(redis_url, worker[1], tmp_path), inline=False) as client:
+        view = client.start(path, "go", run=True, timeout=120)
+        assert view.state == State.COMPLETED, view
+        seen = {c["tool"]: c for c in client.show(view.session_id).calls or []}
+    allowed = {"PATH", "HOME", "LANG", "LC_ALL", "TZ", "SHARED_VAR"}
+    for tool in ("dump_sync", "dump_async", "named", "py_sync", "py_async"):
+        call = seen[tool]
+        assert call["state"] == "completed", call
+        # A python tool runs in a child interpreter of its own, started as a command is.
+        for env in (call["result"]["env"], call["result"]["child"]):
+            extra = {k for k in env if not k.startswith("AGENTS_") and k not in allowed}
+            assert extra == ({"GITHUB_TOKEN"} if tool == "named" else set()), f"{mode} {tool}: {sorted(extra)}"
+            assert {k for k in env if k.startswith("AGENTS_")} == {
+                "AGENTS_SESSION_ID",
+                "AGENTS_CALL_ID",
+                "AGENTS_IDEMPOTENCY_KEY",
+            }, f"{mode} {tool}"
+            assert env["SHARED_VAR"] == "given-to-every-tool"
+        assert SECRET not in json.dumps(call["result"]) and SPEC_KEY not in json.dumps(call["result"])

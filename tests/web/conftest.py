@@ -7,16 +7,19 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.e2e.conftest import start_workers
+from tests.e2e.conftest import record_tool, start_workers
 from tests.support.llm_server import LlmServer, Reply, calls, text
 from tests.support.serve import Serve
 from tests.support.workers import Worker, worker_env
 
+#: the parameters of `gated_agent`'s pay tool
+PAY = {"type": "object", "properties": {"amount": {"type": "number"}}, "required": ["amount"]}
 #: the limits the module's serve process runs with, small so tests can cross them cheaply
 LIMIT_BYTES = 4096
 
@@ -85,6 +88,34 @@ def one_approval(llm_server: LlmServer, answer: str = "done", slug: str = "appro
     return approval_agent(llm_server, [calls(("approve", {"amount": 42})), text(answer)], slug)
 
 
+def gated_agent(
+    llm_server: LlmServer,
+    log: Path,
+    replies: list[Reply],
+    then: str = "runSync",
+    slug: str = "gated",
+    **disposition: Any,
+) -> dict[str, Any]:
+    """An agent whose `pay` waits at an approval gate (runs under `then` once approved) and whose
+    `note` is a plain deferred call (a person gives its result); both tools record their runs."""
+    return {
+        "slug": slug,
+        "model": f"openai/{llm_server.scenario(replies)}",
+        "apiBase": llm_server.url,
+        "tools": [{**record_tool("pay", log), "parameters": PAY}, record_tool("note", log)],
+        "toolCallPolicy": {
+            "default": "runSync",
+            "rules": [
+                {
+                    "tool": "pay",
+                    "disposition": {"tag": "defer", "then": then, "reason": "a payment", **disposition},
+                },
+                {"tool": "note", "disposition": {"tag": "defer", "reason": "a person writes it"}},
+            ],
+        },
+    }
+
+
 def read_events(
     api: httpx.Client, session_id: str, until: str, last_event_id: str | None = None, timeout: float = 60
 ) -> list[dict[str, Any]]:
@@ -110,6 +141,20 @@ def read_events(
                     return seen
             frame = {}
     raise AssertionError(f"the stream ended without a {until!r} event: {[e['type'] for e in seen]}")
+
+
+def finished(api: httpx.Client, sid: str) -> dict[str, Any]:
+    """The session once it completed, with its transcript."""
+    read_events(api, sid, until="completed")
+    shown: dict[str, Any] = api.get(f"/v1/sessions/{sid}", params={"detail": "true"}).json()
+    return shown
+
+
+def results(shown: dict[str, Any]) -> list[tuple[str, Any, bool]]:
+    """(tool, content, is_error) of every tool result the model was given."""
+    return [
+        (r["tool"], r["content"], bool(r.get("is_error"))) for t in shown["turns"] for r in t.get("tool_responses", [])
+    ]
 
 
 def started(api: httpx.Client, agent: dict[str, Any], prompt: str = "pay", **body: Any) -> dict[str, Any]:

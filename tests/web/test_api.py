@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import httpx
@@ -45,6 +46,7 @@ def test_a_deferred_call_is_listed_completed_over_http_and_the_session_finishes(
         "accepted": True,
         "remaining": 0,
         "woken": True,
+        "decision": "responded",
     }
     kinds = [e["type"] for e in read_events(api, sid, until="completed")]
     assert "token_completed" in kinds
@@ -72,6 +74,13 @@ def test_a_session_is_stepped_paused_resumed_and_cancelled_over_http(api: httpx.
     assert cancelled["state"] == "cancelled"
     assert error_of(api.post(f"/v1/sessions/{sid}/step"), 409) == "session_not_advanceable"
     assert error_of(api.post(f"/v1/continuations/{token}", json={"result": "late"}), 409) == "token_cancelled"
+
+
+def test_a_session_started_over_http_takes_the_priority_asked_for(api: httpx.Client, llm_server: LlmServer) -> None:
+    agent = one_approval(llm_server)
+    assert started(api, agent)["priority"] == 5
+    assert started(api, agent, priority=8)["priority"] == 8
+    assert started(api, {**agent, "priority": 2})["priority"] == 2
 
 
 def test_sessions_are_listed_by_state(api: httpx.Client, llm_server: LlmServer) -> None:
@@ -110,7 +119,7 @@ def test_invalid_bodies_are_refused_with_400_and_nothing_is_stored(api: httpx.Cl
     assert error_of(api.post("/v1/sessions", json={"agent": agent, "prompt": " "}), 400) == "invalid_input"
     too_long = "p" * (LIMIT_BYTES + 1)
     assert error_of(api.post("/v1/sessions", json={"agent": agent, "prompt": too_long}), 400) == "invalid_input"
-    for extra in ({"run": "fast"}, {"extra": 1}, {"timeout": -1}):
+    for extra in ({"run": "fast"}, {"extra": 1}, {"timeout": -1}, {"priority": 10}):
         bad = api.post("/v1/sessions", json={"agent": agent, "prompt": "p", **extra})
         assert error_of(bad, 400) == "invalid_input", extra
     not_json = api.post("/v1/sessions", content=b"{", headers={"content-type": "application/json"})
@@ -201,6 +210,9 @@ def test_openapi_describes_every_endpoint_and_docs_load_without_a_cdn(api: httpx
         "/v1/sessions/{session_id}/pending",
         "/v1/continuations/{token}",
         "/v1/sessions/{session_id}/events",
+        "/v1/sessions/{session_id}/history",
+        "/v1/sessions/{session_id}/fork",
+        "/v1/sessions/{session_id}/rerun",
     ):
         assert path in paths
     docs = api.get("/docs")
@@ -278,3 +290,26 @@ def test_a_childs_deferred_call_is_approved_on_the_page_and_its_parent_finishes(
 
     read_events(api, parent["session_id"], until="completed")
     assert api.get(f"/v1/sessions/{parent['session_id']}").json()["response"] == "The helper said Paris"
+
+
+def test_a_session_stopped_by_its_budget_goes_on_with_a_grant_over_http(
+    api: httpx.Client, llm_server: LlmServer
+) -> None:
+    pay = {"name": "pay", "description": "pays", "parameters": {"type": "object"},
+           "command": [sys.executable, "-c", "print('paid')"]}  # fmt: skip
+    replies = [calls(("pay", {})), text("paid")]
+    model = llm_server.scenario(replies)
+    agent = {"slug": "payer", "model": f"openai/{model}", "apiBase": llm_server.url, "tools": [pay],
+             "budget": {"modelCalls": 1}}  # fmt: skip
+    view = started(api, agent, run="until_blocked", wait=True, timeout=60)
+    assert view["state"] == "failed" and view["error"]["code"] == "budget_exceeded", view
+    assert view["spent"]["modelCalls"] == 1 and view["spent"]["toolCalls"] == 1
+    sid = view["session_id"]
+    refused = api.post(f"/v1/sessions/{sid}/resume", json={"grant": {"steps": 1}})
+    assert error_of(refused, 400) == "invalid_input"
+    resumed = api.post(
+        f"/v1/sessions/{sid}/resume", params={"wait": "true", "timeout": 60}, json={"grant": {"modelCalls": 1}}
+    )
+    assert resumed.status_code == 200, resumed.text
+    doc = resumed.json()
+    assert (doc["state"], doc["response"], doc["budget"]["modelCalls"]) == ("completed", "paid", 2)

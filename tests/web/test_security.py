@@ -17,10 +17,10 @@ from celery_agents.config import Settings
 from celery_agents.web.app import create_app
 from celery_agents.web.security import check_bind, is_loopback
 from tests.cli.process import agents, cli_env
-from tests.scheduler.fakes import ScriptedLlm, llm_turn
+from tests.scheduler.fakes import ScriptedLlm, llm_turn, make_agent
 from tests.store.scenario import start, step, waiting_on
 
-TOKEN = "s3cret-token-for-tests"
+TOKEN = "s3cret-token-for-tests-32-chars-or-more"
 
 
 def app_for(settings: Settings, **overrides: Any) -> Any:
@@ -114,6 +114,37 @@ def test_a_form_without_its_csrf_token_completes_nothing(open_page: TestClient, 
     client.close()
 
 
+def test_a_gates_forms_and_the_session_buttons_change_nothing_without_their_csrf_token(
+    open_page: TestClient, settings: Settings
+) -> None:
+    """Every form of a gate and of a session page, posted with a guessed CSRF token; and arguments
+    that try to close the editor's textarea stay text in it."""
+    attack = "</textarea><script>window.pwned=1</script>"
+    policy = {"default": "runSync", "rules": [{"tool": "defer_t", "disposition": {"tag": "defer", "then": "runSync"}}]}
+    llm = ScriptedLlm(llm_turn(("c1", "defer_t", json.dumps({"note": attack}))))
+    with Client(settings, inline=True, llm=llm) as client:
+        sid = client.start(make_agent(policy), "go", run=True).session_id
+        before = client.view(sid)
+    (gate,) = before.pending
+    page = open_page.get(f"/sessions/{sid}").text
+    assert gate.kind == "approval" and f'name="digest" value="{gate.digest}"' in page
+    assert "</textarea><script>" not in page and "&lt;/textarea&gt;&lt;script&gt;" in page
+    for path, extra in (
+        ("/gates/approve", {"digest": gate.digest or ""}),
+        ("/gates/approve", {"arguments": '{"note": "edited"}'}),
+        ("/gates/reject", {"reason": "no"}),
+        ("/extend", {}),
+        (f"/sessions/{sid}/pause", {}),
+        (f"/sessions/{sid}/cancel", {}),
+    ):
+        form = {"token": gate.token or "", "csrf": "guess", "back": f"/sessions/{sid}", **extra}
+        forged = open_page.post(path, data=form, follow_redirects=False)
+        assert forged.headers["location"] == f"/sessions/{sid}?problem=csrf", path
+    with Client(settings, inline=False) as client:
+        after = client.view(sid)
+    assert (after.state, after.drive, after.pending) == (before.state, "auto", before.pending), "nothing changed"
+
+
 def test_model_and_tool_text_is_escaped_on_the_page(open_page: TestClient, settings: Settings) -> None:
     client = Client(settings, inline=False)
     store = client.store
@@ -159,36 +190,79 @@ def test_redis_out_of_reach_is_503(settings: Settings) -> None:
     with TestClient(create_app(gone, Client(gone, inline=False)), base_url="http://127.0.0.1") as c:
         for r in (c.get("/v1/sessions"), c.get("/v1/pending"), c.get("/metrics")):
             assert r.status_code == 503 and r.json()["error"]["code"] == "redis_unavailable"
+        page = c.get("/")  # a person gets a page saying so, not a JSON document
+        assert page.status_code == 503 and "cannot reach Redis" in page.text, page.text[:300]
 
 
 def test_guessing_the_token_is_throttled_per_client_address(settings: Settings) -> None:
-    """An attacker trying tokens gets 429 after a few failures — even for the right token, so the
-    answers stop telling right from wrong — while another address is not locked out."""
-    from celery_agents.web.security import AUTH_FAILURES_ALLOWED
+    """An address giving wrong tokens gets 429 after a few of them, its tokens unweighed but one a
+    second; its right token gets in at its turn (a guesser sharing a proxy or a NAT with you
+    delays you, never locks you out), and another address is not throttled."""
+    from celery_agents.web.security import ADMIT_INTERVAL_S, AUTH_FAILURES_ALLOWED
 
     app = app_for(settings, api_token=TOKEN)
+    now = [100.0]
+    app.throttle.clock = lambda: now[0]
     with TestClient(app, base_url="http://127.0.0.1:8765", client=("10.0.0.7", 5000)) as attacker:
         for i in range(AUTH_FAILURES_ALLOWED):
             r = attacker.get("/v1/sessions", headers={"Authorization": f"Bearer guess-{i}"})
             assert r.status_code == 401, (i, r.text)
-        r = attacker.get("/v1/sessions", headers={"Authorization": f"Bearer {TOKEN}"})
+        r = attacker.get("/v1/sessions", headers={"Authorization": "Bearer one-guess-too-many"})
         assert r.status_code == 429
         assert int(r.headers["retry-after"]) > 0
-        assert r.json()["error"]["code"] == "too_many_requests"
+        assert r.json() == {"error": {"code": "too_many_requests", "message": r.json()["error"]["message"]}}
+        assert attacker.get("/v1/sessions", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 429
+        now[0] += ADMIT_INTERVAL_S
+        assert attacker.get("/v1/sessions", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
     with TestClient(app, base_url="http://127.0.0.1:8765", client=("10.0.0.8", 5000)) as other:
-        assert other.get("/v1/sessions", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+        assert other.get("/v1/sessions", headers={"Authorization": "Bearer wrong"}).status_code == 401
 
 
 def test_guessing_the_token_on_the_login_form_is_throttled(settings: Settings) -> None:
-    from celery_agents.web.security import AUTH_FAILURES_ALLOWED
+    from celery_agents.web.security import ADMIT_INTERVAL_S, AUTH_FAILURES_ALLOWED
 
     app = app_for(settings, api_token=TOKEN)
+    now = [100.0]
+    app.throttle.clock = lambda: now[0]
     with TestClient(app, base_url="http://127.0.0.1:8765", client=("10.0.0.9", 5000)) as browser:
         csrf = csrf_of(browser.get("/login").text)
         for i in range(AUTH_FAILURES_ALLOWED):
             r = browser.post("/login", data={"csrf": csrf, "token": f"guess-{i}"}, follow_redirects=False)
             assert r.status_code == 401, i
-        r = browser.post("/login", data={"csrf": csrf, "token": TOKEN}, follow_redirects=False)
-        assert r.status_code == 429
+        r = browser.post("/login", data={"csrf": csrf, "token": "one-guess-too-many"}, follow_redirects=False)
+        assert r.status_code == 429 and int(r.headers["retry-after"]) > 0
         assert "Too many wrong tokens" in r.text
         assert "agents_auth" not in r.headers.get("set-cookie", "")
+        r = browser.post("/login", data={"csrf": csrf, "token": TOKEN}, follow_redirects=False)
+        assert r.status_code == 429, "not weighed before its turn"
+        now[0] += ADMIT_INTERVAL_S
+        r = browser.post("/login", data={"csrf": csrf, "token": TOKEN}, follow_redirects=False)
+        assert r.status_code == 303, "the right token signs in at its turn, whatever came before it"
+        assert "agents_auth=" in r.headers.get("set-cookie", "")
+
+
+def test_every_refusal_has_the_contracts_error_shape(open_page: TestClient) -> None:
+    """Bodies the JSON parser gives up on, methods a route does not take, routes that do not
+    exist and parameters of the wrong type are answered `{"error": {"code", "message"}}` too."""
+    deep = b"[" * 200_000 + b"]" * 200_000
+    json_body = {"content-type": "application/json"}
+    answers = {
+        "200k-deep body": (open_page.post("/v1/sessions", content=deep, headers=json_body), 400, "invalid_input"),
+        "deep result": (
+            open_page.post("/v1/continuations/a.b", content=b'{"result": ' + deep + b"}", headers=json_body),
+            400,
+            "invalid_input",
+        ),
+        "cut JSON": (open_page.post("/v1/sessions", content=b'{"agent": ', headers=json_body), 400, "invalid_input"),
+        "wrong method": (open_page.delete("/v1/sessions"), 405, "method_not_allowed"),
+        "unknown route": (open_page.get("/v1/nowhere"), 404, "not_found"),
+        "unknown page": (open_page.get("/nowhere"), 404, "not_found"),
+        "bad parameter": (open_page.get("/v1/sessions", params={"limit": "many"}), 400, "invalid_input"),
+    }
+    for what, (r, status, code) in answers.items():
+        assert r.status_code == status, (what, r.text)
+        body = r.json()
+        assert set(body) == {"error"} and set(body["error"]) == {"code", "message"}, (what, body)
+        assert body["error"]["code"] == code, (what, body)
+        assert body["error"]["message"], what
+    assert "POST" in answers["wrong method"][0].headers["allow"]

@@ -1,19 +1,10 @@
--- Shared by every session script (prepended when scripts are loaded).
--- KEYS: the session keys, then the shared keys, in the order of store/keys.py, then the call's
--- request key; extra keys after.
+-- Shared by every session script (prepended when scripts are loaded, after the key table).
+-- KEYS: the keys this script touches, named in `K` (and `STATE_KEYS`, the index of each stored
+-- state) in the order of store/keys.py; extra keys after them, from KEYS[NKEYS + 1]. store/scripts.py
+-- writes `K`, `STATE_KEYS` and `NKEYS` for each script from the keys its source (and the functions
+-- of this file it calls) names, and the store passes exactly those.
 -- ARGV[1] = now in seconds (empty: Redis's clock; set only by tests), ARGV[2] = events cap,
 -- ARGV[3] = session id; the rest per script.
-local K = {
-  meta = KEYS[1], turns = KEYS[2], calls = KEYS[3], results = KEYS[4], pending = KEYS[5],
-  journal = KEYS[6], events = KEYS[7], lease = KEYS[8], inbox = KEYS[9], children = KEYS[10],
-  sessions = KEYS[11], pending_all = KEYS[12], deadlines = KEYS[13], owed = KEYS[14], dispatched = KEYS[15],
-  request = KEYS[22],
-}
-local STATE_KEYS = {
-  ready = KEYS[16], tools = KEYS[17], waiting = KEYS[18],
-  completed = KEYS[19], failed = KEYS[20], cancelled = KEYS[21],
-}
-local NKEYS = 22
 -- Durable times (deadlines compared, owed and index scores, updated times) come from Redis's clock,
 -- the one clock every worker shares; a worker's own clock may be off by any amount. ARGV[1] =
 -- 'event': the script's first event is written before it needs the time, and the time is that
@@ -52,6 +43,25 @@ local function emit(kind, data)
   NOW_MS = tonumber(string.match(id, '^(%d+)'))
   NOW = string.format('%.3f', NOW_MS / 1000)
   return id
+end
+
+-- What the session is at the version just made (`keys.versions`, store/history.py `VersionEntry`):
+-- its turn count, head and state, the kind of write that made it (field `<v>`), and a one-line
+-- summary of what it did, built by the caller (field `<v>s`); fields per version, so a write's
+-- commands do not grow with them. Each value stays within 64 bytes (`hash-max-listpack-value`),
+-- so the hash stays a listpack: the summary is cut there (at a whole UTF-8 character).
+local function record_version(v, turns, head, st, kind, summary)
+  local line = summary or ''
+  if #line > 64 then
+    line = string.sub(line, 1, 61)
+    while #line > 0 and string.byte(line, #line) >= 128 and string.byte(line, #line) < 192 do
+      line = string.sub(line, 1, #line - 1)
+    end
+    if #line > 0 and string.byte(line, #line) >= 192 then line = string.sub(line, 1, #line - 1) end
+    line = line .. '\226\128\166'
+  end
+  redis.call('HSET', K.versions, v, cjson.encode({tonumber(turns), head or '', st, kind, tonumber(NOW)}),
+    v .. 's', line)
 end
 
 -- Mark the session updated now, in the index of its state (`st` when the caller knows it), and
@@ -101,13 +111,10 @@ end
 
 -- Make a failed session active again (resume, step), in the state its head gives. One stopped by
 -- its step limit gets `grant` more steps counted from the steps it has taken, so that it can always
--- take them. Returns the state. (A session failed before `error_code` was stored has its code only
--- in `error`.)
+-- take them. Returns the state.
 local function reactivate(grant)
-  local m = redis.call('HMGET', K.meta, 'error_code', 'steps', 'error')
-  local code = m[1]
-  if not code and string.find(m[3] or '', '"code":"max_steps"', 1, true) then code = 'max_steps' end
-  if code == 'max_steps' then
+  local m = redis.call('HMGET', K.meta, 'error_code', 'steps')
+  if m[1] == 'max_steps' then
     redis.call('HSET', K.meta, 'step_limit', tonumber(m[2] or '0') + tonumber(grant))
   end
   redis.call('HSET', K.meta, 'status', 'active', 'error', '', 'error_code', '')
@@ -125,7 +132,8 @@ local function unindex_call(field)
 end
 
 -- Record the final outcome of an unfinished call; the first writer wins.
--- Returns nil if the call was not unfinished, else {remaining, woken, version}.
+-- Returns nil if the call was not unfinished, else {remaining, woken, version, priority} (the
+-- session's priority: a wake is published with it).
 local function finish_call(field, outcome, event_kind, event_data)
   if redis.call('SREM', K.pending, field) == 0 then return nil end
   redis.call('HSET', K.results, field, outcome)
@@ -133,7 +141,7 @@ local function finish_call(field, outcome, event_kind, event_data)
   emit(event_kind, event_data)
   local remaining = redis.call('SCARD', K.pending)
   local woken = 0
-  local m = redis.call('HMGET', K.meta, 'status', 'head', 'drive', 'version')
+  local m = redis.call('HMGET', K.meta, 'status', 'head', 'drive', 'version', 'priority')
   if remaining == 0 and m[1] == 'active' and m[2] == 'PartialUserTurn' then
     set_state('ready')
     if m[3] == 'auto' then
@@ -143,7 +151,82 @@ local function finish_call(field, outcome, event_kind, event_data)
   else
     touch()
   end
-  return {remaining, woken, tonumber(m[4])}
+  return {remaining, woken, tonumber(m[4]), tonumber(m[5] or '5')}
+end
+
+-- When a deferred call whose deadline is `expires_ms` gets its `call_expiring` event: once a tenth
+-- of its wait from now remains, but at most an hour before the deadline.
+local function warn_at(expires_ms)
+  local wait = tonumber(expires_ms) - NOW_MS
+  return tonumber(expires_ms) - math.min(math.floor(wait / 10), 3600000)
+end
+
+-- The fleet's counters (store/counters.py): one hash, a field per series and label values
+-- (`<series>\31<label>...`), incremented by the script that records the work counted, in its write.
+local function count(...)
+  redis.call('HINCRBY', K.counters, table.concat({...}, '\31'), 1)
+end
+
+-- What the caller counted while doing the work this script records: {{field, n}, ...}.
+local function add_counts(counts)
+  for _, c in ipairs(counts or {}) do redis.call('HINCRBY', K.counters, c[1], c[2]) end
+end
+
+-- A session's spend: flat fields of its header (model/budget.py SPENT_FIELDS), in the order of
+-- store/commit.py `CommitRecord.spend`: {tokens, cost in USD, model calls, tool calls}.
+local SPENT = {'spent_tokens', 'spent_cost', 'spent_model_calls', 'spent_tool_calls'}
+-- Add `spend` to the header hash `meta` (a session above the one spending, passed in KEYS: a
+-- sub-agent's spend counts against every ancestor); a header that is gone is not made again.
+local function add_spend(meta, spend)
+  if redis.call('EXISTS', meta) == 0 then return end
+  for i, f in ipairs(SPENT) do
+    local n = tonumber(spend[i]) or 0
+    if n ~= 0 then
+      if i == 2 then redis.call('HINCRBYFLOAT', meta, f, n) else redis.call('HINCRBY', meta, f, n) end
+    end
+  end
+end
+
+-- A deferred call's wait ended `how` (completed, failed, expired): `agents_tool_calls_total`
+-- under `defer`. Its tool is one the agent file names (the step that deferred it checked).
+local function count_deferred(token_key, how)
+  count('tool_calls', string.sub(redis.call('HGET', token_key, 'tool') or '_other', 1, 64), 'defer', how)
+end
+
+-- A step refused by its script, as the step outcome it counts as (runtime/step.py `_STEP_OUTCOMES`).
+local STEP_OUTCOMES = {stale = 'stale', busy = 'busy', ended = 'ended', missing = 'missing', lost_lease = 'lost'}
+
+-- Store an agent spec under its content hash (KEYS[NKEYS+1]) for a new session. Signed (`sig` not
+-- ''), the spec is written again with its signature (KEYS[NKEYS+3]), so that whatever another writer
+-- left under this hash is replaced by the content the signature covers; unsigned, it is kept.
+local function store_spec(spec, sig)
+  if sig ~= '' then
+    redis.call('SET', KEYS[NKEYS + 1], spec)
+    redis.call('SET', KEYS[NKEYS + 3], sig)
+  else
+    redis.call('SET', KEYS[NKEYS + 1], spec, 'NX')
+  end
+end
+
+-- Variadic writes in slices: Lua's unpack takes a few thousand values at most.
+local function in_slices(cmd, key, values)
+  for first = 1, #values, 1000 do
+    redis.call(cmd, key, unpack(values, first, math.min(first + 999, #values)))
+  end
+end
+
+-- Append a record's `n_turns` turns (ARGV[base + 1 ..]) and write its calls (`calls` fields, their
+-- JSON right after the turns): what a commit and a fork both store.
+local function write_turns_and_calls(c, base)
+  local turns = {}
+  for i = 1, c.n_turns do turns[i] = ARGV[base + i] end
+  in_slices('RPUSH', K.turns, turns)
+  local call_fields = {}
+  for j, field in ipairs(c.calls) do
+    call_fields[#call_fields + 1] = field
+    call_fields[#call_fields + 1] = ARGV[base + c.n_turns + j]
+  end
+  in_slices('HSET', K.calls, call_fields)
 end
 
 -- The session header as read by HGETALL (`flat`) and as a table by field.
@@ -155,21 +238,19 @@ local function read_meta()
 end
 
 -- Whether the journal of the step in flight may hold something, from the session's head and its
--- count of queued messages (`inbox_waiting`): inline tool results (the step at head `LlmTurn`
--- runs the tools), how many queued messages the step took (only while some are queued), or
--- whatever an older release journaled (its model answers) into a session whose header has no
--- count. A model step of a session with nothing queued journals nothing: its answer travels in its
--- commit. begin_step reads the journal, and commit_step deletes it, only then.
+-- count of queued messages (`inbox_waiting`, none when absent): inline tool results (the step at
+-- head `LlmTurn` runs the tools), or how many queued messages the step took (only while some are
+-- queued). A model step of a session with nothing queued journals nothing: its answer travels in
+-- its commit. begin_step reads the journal, and commit_step deletes it, only then.
 local function journal_may_hold(head, queued)
-  return head == 'LlmTurn' or tonumber(queued) ~= 0
+  return head == 'LlmTurn' or (tonumber(queued) or 0) ~= 0
 end
 
 -- What a step reads: {meta (flat), turns from index `from`, newest batch's calls and outcomes
 -- (at head `PartialUserTurn`), lease holder, journal (flat), queued user messages}. A caller that
 -- has just read the header (`read_meta`) and the lease passes them, so that they are not read again.
 -- The queued messages are read only when the header counts some (`inbox_waiting`, kept by every
--- script that changes the inbox), or has no count (a session an older release last wrote); the
--- journal only when it may hold something (`journal_may_hold`); the turns only when the caller
+-- script that changes the inbox); the journal only when it may hold something (`journal_may_hold`); the turns only when the caller
 -- lacks some (`turn_count` is the list's length: every commit writes both).
 local function load_payload(from, flat, meta, lease)
   if not flat then flat, meta = read_meta() end
@@ -192,7 +273,7 @@ local function load_payload(from, flat, meta, lease)
     end
   end
   if lease == nil then lease = redis.call('GET', K.lease) or '' end
-  local queued = tonumber(meta.inbox_waiting)
+  local queued = tonumber(meta.inbox_waiting) or 0
   local journal, inbox = {}, {}
   if journal_may_hold(meta.head, queued) then journal = redis.call('HGETALL', K.journal) end
   if queued ~= 0 then inbox = redis.call('LRANGE', K.inbox, 0, -1) end
@@ -211,6 +292,7 @@ local REFUSALS = {
   already = true, early = true, completed = true, expired = true, cancelled = true,
   active = true, changed = true, busy = true, full = true,
   settled = true, running = true, waiting = true,
+  applied = true, not_an_approval = true, digest_mismatch = true,
 }
 local function once(body)
   local seen = redis.call('GET', K.request)

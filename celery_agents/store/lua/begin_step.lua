@@ -4,18 +4,23 @@
 -- Redis's time in ms} (the step stamps its times from that clock, not its host's).
 -- The header is read once (HGETALL) and serves the checks, the events and the payload. Its time
 -- is that of the event it writes (ARGV[1] = 'event', see _lib.lua): every path emits one first.
+-- A refusal is counted as the step's outcome (`agents_steps_total`).
+local function refused(reply, detail)
+  count('steps', STEP_OUTCOMES[reply])
+  return {reply, detail}
+end
 local flat, meta = read_meta()
-if not meta.version then return {'missing'} end
+if not meta.version then return refused('missing') end
 set_version(meta.version)
 local req = ARGV[7]
 local status = meta.status or false
 if status ~= 'active' then
   emit('step_skipped', cjson.encode({reason = status, request = req, at_version = tonumber(ARGV[4])}))
-  return {'ended', status}
+  return refused('ended', status)
 end
 if meta.version ~= ARGV[4] then
   emit('step_skipped', cjson.encode({reason = 'stale', request = req, at_version = tonumber(ARGV[4])}))
-  return {'stale', meta.version}
+  return refused('stale', meta.version)
 end
 -- The lease in one command when it is free; read only when it is not: its holder retrying the
 -- same step (its reply lost) takes it again, anyone else is refused.
@@ -23,7 +28,7 @@ if not redis.call('SET', K.lease, ARGV[5], 'NX', 'PX', ARGV[6]) then
   local holder = redis.call('GET', K.lease)
   if holder ~= ARGV[5] then
     emit('step_skipped', cjson.encode({reason = 'busy', request = req, at_version = tonumber(ARGV[4])}))
-    return {'busy', holder}
+    return refused('busy', holder)
   end
   redis.call('SET', K.lease, ARGV[5], 'PX', ARGV[6])
 end
@@ -41,5 +46,9 @@ if meta.owed_version == meta.version then
     end
   end
 end
+-- A step put back by a fleet limit (throttle_step.lua) has come back: it waits no more.
+if meta.throttled_until and meta.throttled_until ~= '' then redis.call('HDEL', K.meta, 'throttled_until') end
 emit('step_started', cjson.encode({request = req, owner = ARGV[5]}))
-return {'ok', load_payload(tonumber(ARGV[8]), flat, meta, ARGV[5]), NOW_MS}
+-- Watched (watch.lua): someone follows the session's events, and its model call streams.
+local watched = (tonumber(meta.watch_until) or 0) > NOW_MS and 1 or 0
+return {'ok', load_payload(tonumber(ARGV[8]), flat, meta, ARGV[5]), NOW_MS, watched}

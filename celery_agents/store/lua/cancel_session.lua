@@ -1,7 +1,7 @@
 -- Cancel a session for good: unfinished calls cancelled, tokens dead, no step owed, version bumped
 -- so that queued steps are stale. ARGV[4] = JSON {field: outcome JSON} for the unfinished calls
 -- seen by the caller. KEYS[NKEYS+1..] = token keys of those calls.
-local m = redis.call('HMGET', K.meta, 'status', 'version')
+local m = redis.call('HMGET', K.meta, 'status', 'version', 'turn_count', 'head')
 if not m[1] then return {'missing'} end
 if m[1] == 'cancelled' or m[1] == 'completed' then return {'ended', m[1]} end
 local outcomes = cjson.decode(ARGV[4])
@@ -21,6 +21,7 @@ redis.call('HSET', K.meta, 'status', 'cancelled', 'drive', 'manual', 'inbox_wait
 local version = redis.call('HINCRBY', K.meta, 'version', 1)
 set_version(version)
 set_state('cancelled')
+record_version(version, m[3] or 0, m[4], 'cancelled', 'cancelled', 'cancelled')
 unowe()
 emit('cancelled', '{}')
 return {'ok', version}

@@ -5,38 +5,110 @@
 --    resend it), lease_ms, kind, request, n_turns, calls = [field], meta = {header field: text} to set,
 --    state, steps_inc, owe (a step is owed next if the session is auto-driven at commit time),
 --    batch, batch_size, pending = [[field, created_ms]], dispatched = [field],
---    tokens = [[field, expires_ms, call_id, tool, digest, reason, child]], events = [[kind, data]],
---    inbox_taken (queued user messages the step delivered: the oldest ones)}
+--    tokens = [[field, expires_ms, call_id, tool, digest, reason, child, gate]], events = [[kind, data]],
+--    inbox_taken (queued user messages the step delivered: the oldest ones), summary (one line: what
+--    the step did, for `session history`),
+--    spend = {tokens, cost, model_calls, tool_calls}: what the step spent, n_above,
+--    deltas = [event id]: the live output its model call streamed (store/live.py), deleted here,
+--    claim = the step's member in the claims of the budgets above (store/budget.py), n_claims}
 -- ARGV[5..] = n_turns turn JSONs, then one call JSON per field of c.calls.
--- KEYS[NKEYS+1..] = one key per token, in the order of c.tokens.
+-- KEYS[NKEYS+1..] = one key per token, in the order of c.tokens, then (with tokens) the `expiring`
+-- sorted set: each token's `call_expiring` is due when a tenth of its wait (at most an hour) remains;
+-- then the header of each of the `n_above` sessions above this one, its parent first: the step's
+-- spend is added to theirs in the commit (a sub-agent's spend counts against every ancestor);
+-- then, with a claim, the claims of each of the `n_claims` sessions above with a budget: the claim
+-- ends in the write that adds what it was for, committed or refused.
 -- Not wrapped in `once`: the header keeps the last commit's reply (`last_commit`, "<attempt>
 -- <version> <owed>") in the write the commit does anyway, so a retry of this very call (its reply
 -- was lost) gets that reply back instead of 'stale'.
+-- Its time is that of its first event (ARGV[1] = 'event', see _lib.lua): the events are written
+-- before anything that needs the time. The record's `counts` ([[field, n]]: what the step counted,
+-- its model calls, tokens and inline tool calls) are added whether it commits or not (its model
+-- calls were made), with its outcome (`agents_steps_total`); a retry's reply adds nothing.
 local c = cjson.decode(ARGV[4])
+-- Redis gives a stream's newest node the room of a whole node when it makes it (4 KB, whatever
+-- `stream-node-max-bytes` above that) and keeps it until the node fills: a session left waiting
+-- on outside work, with its few events, would hold it for as long as it waits. DUMP and RESTORE
+-- rewrite the stream at its size (the next event grows it as needed); only a short one, so that
+-- the rewrite stays small (a long stream's last node is a small part of it). A user not allowed
+-- RESTORE (it is in @dangerous) keeps the stream as it is: the commit is done either way. Entries
+-- deleted from it (streamed deltas, deleted by the commits of their steps) keep their room in the
+-- node, and DUMP keeps them: a stream holding some (more entries added than it holds: a short
+-- stream was never trimmed) is written again first, its entries under their ids, its last id kept.
+local COMPACT_EVENTS_MAX = 128
+local function rewrite_events(n)
+  local info = redis.call('XINFO', 'STREAM', K.events)
+  local added, last
+  for i = 1, #info, 2 do
+    if info[i] == 'entries-added' then added = tonumber(info[i + 1]) end
+    if info[i] == 'last-generated-id' then last = info[i + 1] end
+  end
+  -- Redis < 7 does not count what was added: this commit's own deletions tell.
+  if (added or (c.deltas and n + #c.deltas) or n) <= n then return end
+  local entries = redis.call('XRANGE', K.events, '-', '+')
+  redis.call('DEL', K.events)
+  for _, e in ipairs(entries) do redis.call('XADD', K.events, e[1], unpack(e[2])) end
+  if #entries > 0 then redis.call('XSETID', K.events, last) end
+end
+local function compact_events()
+  local n = redis.call('XLEN', K.events)
+  if n == 0 or n > COMPACT_EVENTS_MAX then return end
+  rewrite_events(n)
+  local dumped = redis.pcall('DUMP', K.events)
+  if type(dumped) == 'string' then redis.pcall('RESTORE', K.events, 0, dumped, 'REPLACE') end
+end
+-- What the step spent, added to each session above this one (their headers follow the token
+-- keys) and, tokens and cost, to the fleet's; this session's own with `own`.
+local function spend_above(spend, own)
+  local above = NKEYS + #c.tokens
+  if #c.tokens > 0 then above = above + 1 end
+  if own then add_spend(K.meta, spend) end
+  for j = 1, c.n_above do add_spend(KEYS[above + j], spend) end
+  -- The fleet's spend (`agents_spend_total{kind}`): each step's own, counted once.
+  if tonumber(spend[1]) ~= 0 then redis.call('HINCRBY', K.counters, 'spend\31tokens', spend[1]) end
+  if tonumber(spend[2]) ~= 0 then redis.call('HINCRBYFLOAT', K.counters, 'spend\31cost', spend[2]) end
+end
+-- The step's claims on the budgets above it end with its commit (the keys after the headers above).
+local function drop_claims()
+  if not c.claim then return end
+  local at = NKEYS + #c.tokens + ((#c.tokens > 0) and 1 or 0) + (c.spend and c.n_above or 0)
+  for j = 1, c.n_claims do redis.call('HDEL', KEYS[at + j], c.claim) end
+end
+-- A refused step made its model call all the same: that is spent (its inline tool results are
+-- journaled, and the step that commits in its place reuses and counts them).
+local function refused(reply, detail)
+  drop_claims()
+  add_counts(c.counts)
+  count('steps', STEP_OUTCOMES[reply])
+  if c.spend and reply ~= 'missing' and tonumber(c.spend[3]) > 0 then
+    spend_above({c.spend[1], c.spend[2], c.spend[3], 0}, true)
+  end
+  return {reply, detail}
+end
 -- One read of the header and one write of it: a step's commands do not grow with what it adds.
 local m = redis.call('HMGET', K.meta, 'version', 'status', 'turn_count', 'steps', 'state', 'drive', 'owed_version',
-  'inbox_waiting', 'head', 'last_commit')
-if not m[1] then return {'missing'} end
+  'inbox_waiting', 'head', 'last_commit', unpack(SPENT))
+if not m[1] then return refused('missing') end
 local first = {string.match(m[10] or '', '^(%S+) (%d+) (%d)$')}
 if first[1] == c.attempt then return {'ok', tonumber(first[2]), tonumber(first[3])} end
-if m[1] ~= c.version then return {'stale', m[1]} end
-if m[2] ~= 'active' then return {'ended', m[2]} end
+if m[1] ~= c.version then return refused('stale', m[1]) end
+if m[2] ~= 'active' then return refused('ended', m[2]) end
 -- The lease is released as it is checked. Another worker's (this step was frozen past its own and
 -- someone took over) is put back, with a whole lease: it is renewed while its holder lives.
 local holder = redis.call('GETDEL', K.lease)
 if holder and holder ~= c.owner then
   redis.call('SET', K.lease, holder, 'PX', c.lease_ms)
-  return {'lost_lease', holder}
+  return refused('lost_lease', holder)
 end
 -- Messages are only ever added at the tail (send_message.lua): the ones this step read are the
 -- oldest. One that came after the step read the queue stays, and a session that would complete
 -- with it unread goes on instead (ready; owed a step when driven), so it is never left behind.
 -- The header counts the queued messages (`inbox_waiting`): when it counts exactly the ones this
--- step took (none, mostly), none is left and the list is not read; otherwise (one came meanwhile,
--- or the header has no count: a session an older release wrote) the list's length is read.
+-- step took (none, mostly), none is left and the list is not read; otherwise (one came meanwhile)
+-- the list's length is read.
 if c.inbox_taken > 0 then redis.call('LTRIM', K.inbox, c.inbox_taken, -1) end
 local waiting = 0
-if tonumber(m[8]) ~= c.inbox_taken then waiting = redis.call('LLEN', K.inbox) end
+if (tonumber(m[8]) or 0) ~= c.inbox_taken then waiting = redis.call('LLEN', K.inbox) end
 if c.meta.status == 'completed' and waiting > 0 then
   c.meta.status, c.state, c.owe = 'active', 'ready', true
   local kept = {}
@@ -45,21 +117,14 @@ if c.meta.status == 'completed' and waiting > 0 then
   end
   c.events = kept
 end
--- Variadic writes in slices: Lua's unpack takes a few thousand values at most.
-local function in_slices(cmd, key, values)
-  for first = 1, #values, 1000 do
-    redis.call(cmd, key, unpack(values, first, math.min(first + 999, #values)))
-  end
-end
-local turns = {}
-for i = 1, c.n_turns do turns[i] = ARGV[4 + i] end
-in_slices('RPUSH', K.turns, turns)
-local call_fields = {}
-for j, field in ipairs(c.calls) do
-  call_fields[#call_fields + 1] = field
-  call_fields[#call_fields + 1] = ARGV[4 + c.n_turns + j]
-end
-in_slices('HSET', K.calls, call_fields)
+local version = tonumber(m[1]) + 1
+set_version(version)
+for _, e in ipairs(c.events) do emit(e[1], e[2]) end
+-- The answer is committed: what streamed of it goes (one XDEL, whatever the length of the answer).
+if c.deltas then in_slices('XDEL', K.events, c.deltas) end
+emit('step_committed', cjson.encode({from_version = tonumber(c.version), request = c.request,
+  kind = c.kind, head = c.meta.head, state = c.state}))
+write_turns_and_calls(c, 4)
 local members, scored = {}, {}
 for _, p in ipairs(c.pending) do
   members[#members + 1] = p[1]
@@ -77,11 +142,10 @@ in_slices('ZADD', K.dispatched, dispatched)
 for j, t in ipairs(c.tokens) do
   redis.call('HSET', KEYS[NKEYS + j], 'session_id', SID, 'field', t[1], 'state', 'pending',
     'expires_ms', t[2], 'call_id', t[3], 'tool', t[4], 'digest', t[5], 'reason', t[6], 'created_at', NOW,
-    'child', t[7])
+    'child', t[7], 'gate', t[8] or '')
   redis.call('ZADD', K.deadlines, t[2], SID .. ' ' .. t[1])
+  redis.call('ZADD', KEYS[NKEYS + #c.tokens + 1], warn_at(t[2]), SID .. ' ' .. t[1])
 end
-local version = tonumber(m[1]) + 1
-set_version(version)
 local fields = {
   'version', version,
   'turn_count', tonumber(m[3] or '0') + c.n_turns,
@@ -105,16 +169,22 @@ if c.owe and m[6] == 'auto' then
   fields[#fields + 1] = 'owed_version'
   fields[#fields + 1] = version
 end
+-- What the step spent, added to the session's own spend in this same write (read above).
+if c.spend then
+  for i, f in ipairs(SPENT) do
+    local total = tonumber(m[10 + i] or '0') + tonumber(c.spend[i])
+    fields[#fields + 1] = f
+    fields[#fields + 1] = i == 2 and string.format('%.17g', total) or string.format('%d', total)
+  end
+end
 fields[#fields + 1] = 'last_commit'
 fields[#fields + 1] = c.attempt .. ' ' .. version .. ' ' .. owed
 redis.call('HSET', K.meta, unpack(fields))
+record_version(version, tonumber(m[3] or '0') + c.n_turns, c.meta.head, c.state, c.kind, c.summary)
 local old = m[5]
 if old and old ~= c.state and STATE_KEYS[old] then redis.call('ZREM', STATE_KEYS[old], SID) end
 redis.call('ZADD', K.sessions, NOW_MS, SID)
 if STATE_KEYS[c.state] then redis.call('ZADD', STATE_KEYS[c.state], NOW_MS, SID) end
-for _, e in ipairs(c.events) do emit(e[1], e[2]) end
-emit('step_committed', cjson.encode({from_version = tonumber(c.version), request = c.request,
-  kind = c.kind, head = c.meta.head, state = c.state}))
 -- The journal of the step (the lease went above), if the step may have written one.
 if journal_may_hold(m[9], m[8]) then redis.call('DEL', K.journal) end
 if owed == 1 then
@@ -123,4 +193,9 @@ elseif m[7] then
   -- `owe` sets `owed_version` with the index entry, `unowe` removes both: without it, nothing to undo.
   unowe()
 end
+add_counts(c.counts)
+count('steps', 'committed')
+if c.spend then spend_above(c.spend, false) end
+drop_claims()
+if owed == 0 and c.state == 'waiting' then compact_events() end
 return {'ok', version, owed}

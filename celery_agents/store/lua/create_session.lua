@@ -2,22 +2,16 @@
 -- KEYS[NKEYS+1] = agent spec key, KEYS[NKEYS+2] = the lexicographic id index, KEYS[NKEYS+3] = the
 -- spec's signature key. ARGV[4] = header (JSON object of strings), ARGV[5] = first turn,
 -- ARGV[6] = agent spec JSON, ARGV[7] = "1" when a step is owed at once, ARGV[8] = the spec's
--- signature ("" when specs are not signed).
+-- signature ("" when specs are not signed), ARGV[9] = the summary of its first version.
 if redis.call('EXISTS', K.meta) == 1 then return {'exists'} end
-if ARGV[8] ~= '' then
-  -- Signed: the spec is written again with its signature, so that whatever another writer left
-  -- under this hash is replaced by the content the signature covers.
-  redis.call('SET', KEYS[NKEYS + 1], ARGV[6])
-  redis.call('SET', KEYS[NKEYS + 3], ARGV[8])
-else
-  redis.call('SET', KEYS[NKEYS + 1], ARGV[6], 'NX')
-end
+store_spec(ARGV[6], ARGV[8])
 local header = cjson.decode(ARGV[4])
 for k, v in pairs(header) do redis.call('HSET', K.meta, k, v) end
 redis.call('HSET', K.meta, 'created_at', NOW)
 redis.call('RPUSH', K.turns, ARGV[5])
 redis.call('ZADD', KEYS[NKEYS + 2], 0, SID)
 set_state(header['state'])
+record_version(header['version'], 1, header['head'], header['state'], 'started', ARGV[9])
 emit('session_started', cjson.encode({agent = header['agent_slug'], drive = header['drive']}))
 if ARGV[7] == '1' then owe() end
 return {'ok', tonumber(header['version'])}

@@ -13,4 +13,5 @@ if not r then
   redis.call('ZREM', K.deadlines, SID .. ' ' .. ARGV[4])
   return {'gone', 'final'}
 end
-return {'ok', r[1], r[2], r[3]}
+count_deferred(tk, 'expired')
+return {'ok', r[1], r[2], r[3], r[4]}

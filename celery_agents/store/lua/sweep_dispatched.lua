@@ -15,4 +15,7 @@ if redis.call('EXISTS', KEYS[NKEYS + 1]) == 1 then return {'running'} end
 if redis.call('EXISTS', KEYS[NKEYS + 2]) == 0 and ARGV[5] ~= '1' then return {'waiting'} end
 redis.call('DEL', KEYS[NKEYS + 2])
 redis.call('ZADD', K.dispatched, 'XX', NOW_MS, member)
+count('republished', 'call')
+-- Not judged lost: a worker had started it and its lease lapsed.
+if ARGV[5] ~= '1' then count('lease_takeovers', 'call') end
 return {'republish', call}

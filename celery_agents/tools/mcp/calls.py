@@ -12,14 +12,14 @@ import sys
 import time
 from typing import Any
 
-from celery_agents.model import AgentSpec, TrackedCall
-from celery_agents.model.agent import Limits, ToolSpec
-from celery_agents.scheduler.ports import CallOutcome
+from celery_agents.model import CallMeta, CallOutcome
+from celery_agents.model.agent import Limits
+from celery_agents.tools.call import Host, ToolRun, confined
 from celery_agents.tools.mcp.pool import McpCallError, Target, pool
 from celery_agents.tools.mcp.results import outcome_of_result
 from celery_agents.tools.mcp.servers import target_for
 from celery_agents.tools.process import ProcessResult
-from celery_agents.tools.sandbox import Sandbox, SandboxRun, python_install, python_paths
+from celery_agents.tools.sandbox import Sandbox, SandboxRun, program_paths, python_install, python_paths
 
 #: what the one-shot client runs in the sandbox (`python -I -B -c ONESHOT_BOOTSTRAP`, request on stdin)
 ONESHOT_BOOTSTRAP = (
@@ -30,62 +30,47 @@ ONESHOT_BOOTSTRAP = (
 _TEARDOWN = 5.0
 
 
-def call_meta(session_id: str, call: TrackedCall) -> dict[str, Any]:
+def call_meta(run: ToolRun) -> dict[str, Any]:
     return {
-        "celery-agents/idempotencyKey": call.idempotency_key(session_id),
-        "celery-agents/sessionId": session_id,
-        "celery-agents/callId": call.call_id,
+        "celery-agents/idempotencyKey": run.idempotency_key,
+        "celery-agents/sessionId": run.session_id,
+        "celery-agents/callId": run.call_id,
     }
 
 
 def failed(exc: McpCallError, duration_ms: float | None = None) -> CallOutcome:
-    meta: dict[str, Any] = {"retryable": exc.retryable}
-    if exc.timed_out:
-        meta["timed_out"] = True
+    meta = CallMeta(retryable=exc.retryable, timed_out=True) if exc.timed_out else CallMeta(retryable=exc.retryable)
     return CallOutcome(state="failed", error=exc.message, duration_ms=duration_ms, meta=meta)
 
 
-def call_mcp(
-    agent: AgentSpec,
-    tool: ToolSpec,
-    args: dict[str, Any],
-    limits: Limits,
-    timeout: float,
-    session_id: str,
-    call: TrackedCall,
-    sandbox: Sandbox | None,
-    network: bool = False,
-) -> tuple[CallOutcome, SandboxRun | None]:
-    """The call's outcome, and how the sandbox ran it (None when it ran in this process);
-    `network`: whether a sandboxed run keeps the network."""
-    ref = tool.mcp
-    server = agent.mcp_server(ref.server) if ref is not None else None
+class McpSource:
+    """`mcp` tools: from this process's connection to the server, or through a one-shot client
+    started in the sandbox together with a stdio server."""
+
+    def run(self, run: ToolRun, host: Host) -> CallOutcome:
+        outcome, sandboxed = call_mcp(run, host.sandbox if host.isolated else None)
+        return outcome if sandboxed is None else confined(outcome, sandboxed)
+
+
+def call_mcp(run: ToolRun, sandbox: Sandbox | None) -> tuple[CallOutcome, SandboxRun | None]:
+    """The call's outcome, and how the sandbox ran it (None when it ran in this process)."""
+    ref, tool = run.tool.mcp, run.tool
+    server = run.agent.mcp_server(ref.server) if ref is not None else None
     if ref is None or server is None:
         return CallOutcome(state="failed", error=f"{tool.name}: its MCP server is not in the agent"), None
-    cap = limits.output_bytes or 1_000_000
+    cap = run.limits.output_bytes or 1_000_000
     started = time.monotonic()
     try:
-        target = target_for(server, agent.base_dir)
+        target = target_for(server, run.agent.base_dir)
         if sandbox is not None:
-            meta = call_meta(session_id, call)
-            return _isolated(sandbox, target, ref.tool, args, meta, limits, timeout, tool, network)
-        raw = pool().call(target, ref.tool, args, call_meta(session_id, call), timeout)
+            return _isolated(sandbox, target, ref.tool, run)
+        raw = pool().call(target, ref.tool, run.arguments, call_meta(run), run.timeout)
     except McpCallError as exc:
         return failed(exc, (time.monotonic() - started) * 1000), None
     return outcome_of_result(raw, cap, (time.monotonic() - started) * 1000), None
 
 
-def _isolated(
-    sandbox: Sandbox,
-    target: Target,
-    tool: str,
-    args: dict[str, Any],
-    meta: dict[str, Any],
-    limits: Limits,
-    timeout: float,
-    spec: ToolSpec,
-    network: bool,
-) -> tuple[CallOutcome, SandboxRun]:
+def _isolated(sandbox: Sandbox, target: Target, tool: str, run: ToolRun) -> tuple[CallOutcome, SandboxRun]:
     """Start the server and a one-shot client inside the sandbox, for this call only."""
     paths = python_paths()
     request = {
@@ -95,24 +80,22 @@ def _isolated(
         "headers": dict(target.headers),
         "label": target.label,
         "tool": tool,
-        "arguments": args,
-        "meta": meta,
-        "timeout": timeout,
+        "arguments": run.arguments,
+        "meta": call_meta(run),
+        "timeout": run.timeout,
     }
-    from celery_agents.tools.executor import _program_paths
-
-    run = sandbox.run(
+    sandboxed = sandbox.run(
         [sys.executable, "-I", "-B", "-c", ONESHOT_BOOTSTRAP],
         json.dumps(request).encode(),
         call_env={},
-        env_names=spec.env,
-        limits=limits,
-        timeout=timeout + _TEARDOWN,
-        network=network,
+        env_names=run.tool.env,
+        limits=run.limits,
+        timeout=run.timeout + _TEARDOWN,
+        network=run.network,
         readable=[*python_install(), *([target.cwd] if target.cwd else [])],
-        needs=[sys.executable, *paths, *_program_paths(list(target.argv))],
+        needs=[sys.executable, *paths, *program_paths(list(target.argv))],
     )
-    return _answered(run.process, target, network, limits, timeout), run
+    return _answered(sandboxed.process, target, run.network, run.limits, run.timeout), sandboxed
 
 
 def _answered(proc: ProcessResult, target: Target, network: bool, limits: Limits, timeout: float) -> CallOutcome:

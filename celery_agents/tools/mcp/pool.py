@@ -274,9 +274,10 @@ class McpPool:
             raise McpCallError(f"the MCP call failed: {exc!r}") from None
 
     # -- what callers use -----------------------------------------------------------------------
-    def list_tools(self, target: Target, timeout: float) -> list[dict[str, Any]]:
-        """Every tool the server offers, as the server describes it (JSON)."""
-        return self._wait(self._guarded(target, timeout, _list_all, ()), timeout)
+    def list_tools(self, target: Target, timeout: float, most: int) -> list[dict[str, Any]]:
+        """The tools the server offers, as the server describes it (JSON). Paging stops once more
+        than `most` are listed (the caller refuses such a server) or at a page that adds none."""
+        return self._wait(self._guarded(target, timeout, _list_all, (most,)), timeout)
 
     def call(
         self, target: Target, tool: str, arguments: dict[str, Any], meta: dict[str, Any], timeout: float
@@ -404,14 +405,14 @@ class McpPool:
             await asyncio.wait(tasks, timeout=8.0)
 
 
-async def _list_all(client: Any) -> list[dict[str, Any]]:
+async def _list_all(client: Any, most: int) -> list[dict[str, Any]]:
     tools: list[dict[str, Any]] = []
     cursor: str | None = None
     while True:
         page = await client.list_tools(cursor=cursor)
         tools += [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in page.tools]
         cursor = page.next_cursor
-        if not cursor:
+        if not cursor or not page.tools or len(tools) > most:
             return tools
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from celery_agents.scheduler.ports import CallOutcome
+from celery_agents.model import CallMeta, CallOutcome
 from celery_agents.tools.output import cut, split_media
 
 
@@ -43,8 +43,6 @@ def outcome_of_result(raw: dict[str, Any], cap: int, duration_ms: float | None =
         result = "\n".join(texts)
     else:
         result = content
-    meta: dict[str, Any] = {}
     result, size = cut(result, cap)
-    if size is not None:
-        meta["output_capped"] = {"written": size, "cap": cap}
+    meta = CallMeta(output_capped={"written": size, "cap": cap}) if size is not None else CallMeta()
     return CallOutcome(state="completed", result=result, media=media, duration_ms=duration_ms, meta=meta)

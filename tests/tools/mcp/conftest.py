@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from celery_agents.model import AgentSpec, TrackedCall, parse_agent
+from celery_agents.model import AgentSpec, TrackedCall
+from celery_agents.tools.resolve import parse_agent
 
 SAMPLE = Path(__file__).with_name("sample_server.py")
 TIME_SERVER = [sys.executable, "-m", "mcp_server_time"]

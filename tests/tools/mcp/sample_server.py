@@ -3,7 +3,13 @@
 
 Tools: `add` (structured result), `sleep` (answers after the seconds asked), `fail` (raises),
 `crash` (exits mid-call), `image` (a PNG), `whoami` (its pid and parent's, the call's `_meta`, its
-variables' names, the Authorization header over HTTP).
+variables' names, the Authorization header over HTTP). `SAMPLE_TOOLS=add,sleep` lists only those.
+
+A hostile server, for the listing's bounds, when its environment says so: `SAMPLE_EXTRA_TOOLS=N`
+adds N tools, `SAMPLE_DESCRIPTION_BYTES=N` a tool `verbose` with an N-byte description,
+`SAMPLE_SCHEMA_BYTES=N` a tool `wide` with an input schema of about N bytes,
+`SAMPLE_NAME_LENGTH=N` a tool with an N-character name, `SAMPLE_ENDLESS_PAGES=1` a listing whose
+pages never end (one new tool each).
 """
 
 from __future__ import annotations
@@ -16,13 +22,28 @@ from typing import Any
 
 from mcp.server.mcpserver import Context, Image, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import ListToolsResult, PaginatedRequestParams
 
 #: a 1x1 transparent PNG
 PNG = base64.b64decode(
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
 )
 
-server = MCPServer("sample", log_level="WARNING")
+
+class _Sample(MCPServer):
+    async def _handle_list_tools(self, ctx: Any, params: PaginatedRequestParams | None) -> ListToolsResult:
+        if not os.environ.get("SAMPLE_ENDLESS_PAGES"):
+            listed = await super()._handle_list_tools(ctx, params)
+            only = os.environ.get("SAMPLE_TOOLS")
+            if only:
+                listed = listed.model_copy(update={"tools": [t for t in listed.tools if t.name in only.split(",")]})
+            return listed
+        page = int(params.cursor or 0) if params is not None else 0
+        tool = (await self.list_tools())[0].model_copy(update={"name": f"page_{page}"})
+        return ListToolsResult(tools=[tool], next_cursor=str(page + 1))
+
+
+server = _Sample("sample", log_level="WARNING")
 
 
 def _log(tool: str) -> None:
@@ -89,6 +110,28 @@ def whoami(ctx: Context) -> dict[str, Any]:
         "authorization": headers.get("authorization"),
     }
 
+
+def _echo(text: str) -> str:
+    return text
+
+
+def _hostile(env: dict[str, str]) -> None:
+    for i in range(int(env.get("SAMPLE_EXTRA_TOOLS") or 0)):
+        server.add_tool(_echo, name=f"extra_{i}", description=f"Extra tool number {i}.")
+    if env.get("SAMPLE_DESCRIPTION_BYTES"):
+        server.add_tool(_echo, name="verbose", description="d" * int(env["SAMPLE_DESCRIPTION_BYTES"]))
+    if env.get("SAMPLE_SCHEMA_BYTES"):
+        server.add_tool(_echo, name="wide", description="A tool with a wide schema.")
+        fields = {
+            f"field_{i}": {"type": "string", "description": "w" * 100}
+            for i in range(int(env["SAMPLE_SCHEMA_BYTES"]) // 140)
+        }
+        server._tool_manager.get_tool("wide").parameters = {"type": "object", "properties": fields}
+    if env.get("SAMPLE_NAME_LENGTH"):
+        server.add_tool(_echo, name="n" * int(env["SAMPLE_NAME_LENGTH"]), description="A long name.")
+
+
+_hostile(dict(os.environ))
 
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "http":

@@ -80,7 +80,7 @@ def test_a_call_that_hangs_is_cut_off_at_its_timeout_and_the_next_call_works(age
     started = time.monotonic()
     out = run(agent, "mcp__sample__sleep", {"seconds": 60})
     took = time.monotonic() - started
-    assert out.state == "failed" and out.meta.get("timed_out") and "did not answer within 2 s" in (out.error or "")
+    assert out.state == "failed" and out.meta.timed_out and "did not answer within 2 s" in (out.error or "")
     assert took < 10, f"cut off at the timeout, not after the tool's 60 s ({took:.1f} s)"
     after = run(agent, "mcp__sample__whoami", {})
     assert after.state == "completed" and after.result["pid"] != before, "the hung server was replaced"
@@ -99,7 +99,7 @@ def test_a_server_that_never_answers_is_cut_off_at_the_timeout() -> None:
     mute = AgentSpec.model_validate(listed)  # as a worker reads it: no listing
     started = time.monotonic()
     out = run(mute, "mcp__sample__add", {"a": 1, "b": 2})
-    assert out.state == "failed" and out.meta.get("timed_out"), out.error
+    assert out.state == "failed" and out.meta.timed_out, out.error
     assert "did not start within 2 s" in (out.error or "") and time.monotonic() - started < 10
 
 
@@ -133,7 +133,7 @@ def test_an_isolated_call_starts_the_server_inside_the_sandbox_for_that_call(age
     mine = run(agent, "mcp__sample__whoami", {}).result["pid"]
     out = run(agent, "mcp__sample__whoami", {}, session="iso", isolated=True)
     assert out.state == "completed", out.error
-    assert out.meta["isolation"] in ("bwrap", "rlimits")
+    assert out.meta.isolation in ("bwrap", "rlimits")
     assert out.result["pid"] != mine and out.result["ppid"] != os.getpid(), "not this process's server"
     assert out.result["meta"]["celery-agents/sessionId"] == "iso"
     assert any(k.startswith("HOME") for k in out.result["env"])
@@ -205,7 +205,7 @@ def test_calls_from_many_threads_share_one_server_and_a_timeout_spares_the_other
         hung = threads.submit(run, agent, "mcp__sample__sleep", {"seconds": 60})  # cut off at 2 s
         time.sleep(0.5)
         slow = threads.submit(run, patient, "mcp__sample__sleep", {"seconds": 4})
-        assert hung.result().meta.get("timed_out")
+        assert hung.result().meta.timed_out
         done = slow.result()
     assert (done.state, done.result) == ("completed", {"result": "slept 4 s"}), "the other call finished first"
     (pid,) = pids

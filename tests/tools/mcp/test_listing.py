@@ -1,16 +1,23 @@
 """An agent file's `mcpServers`: their tools are listed when the file is loaded and stored with the
-spec (names, descriptions, input schemas as the servers give them); prefix rules in the policy."""
+spec (names, descriptions, input schemas as the servers give them); prefix rules in the policy; a
+hostile server's listing (thousands of tools, megabytes of description or schema, pages without
+end) is refused at load, naming the server, the tool and the bound."""
 
 from __future__ import annotations
 
+import json
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from celery_agents.errors import InvalidAgentFile
-from celery_agents.model import AgentSpec, parse_agent
+from celery_agents.model import AgentSpec
 from celery_agents.model.mcp import mcp_tool_name
-from celery_agents.scheduler.policy import disposition_for
+from celery_agents.model.policy import disposition_for
+from celery_agents.tools.resolve import load_agent_file, parse_agent
+from tests.cli.process import agents, cli_env
 from tests.tools.mcp.conftest import SAMPLE, TIME_SERVER, mcp_agent, sample_stdio
 
 
@@ -108,3 +115,79 @@ def test_a_server_that_cannot_start_says_why_in_the_refusal() -> None:
     with pytest.raises(InvalidAgentFile) as caught:
         mcp_agent([{"name": "broken", "command": command}])
     assert "no config at /etc/x.toml" in caught.value.message
+
+
+def hostile_agent(folder: Path, **knobs: int) -> Path:
+    """An agent file whose MCP server `hostile` (the sample server) lists what `knobs` ask for."""
+    server = sample_stdio("hostile", env={f"SAMPLE_{k.upper()}": str(v) for k, v in knobs.items()})
+    path = folder / "hostile-agent.json"
+    path.write_text(json.dumps({"slug": "hostile", "model": "openai/none", "mcpServers": [server]}))
+    return path
+
+
+def refusal(path: Path) -> str:
+    with pytest.raises(InvalidAgentFile) as caught:
+        load_agent_file(path)
+    message = caught.value.message
+    assert message.startswith(f"{path}: mcpServers[0] (hostile): ") and len(message) < 1000, message[:2000]
+    return message
+
+
+def test_a_server_listing_thousands_of_tools_is_refused_at_load_naming_the_bound(tmp_path: Path) -> None:
+    message = refusal(hostile_agent(tmp_path, extra_tools=3004))
+    assert "more than 256 tools" in message and "AGENTS_MCP_MAX_TOOLS" in message, message
+
+
+def test_a_listing_whose_pages_never_end_is_refused_at_the_tool_bound_without_waiting(tmp_path: Path) -> None:
+    started = time.monotonic()
+    message = refusal(hostile_agent(tmp_path, endless_pages=1))
+    assert "more than 256 tools" in message, message
+    assert time.monotonic() - started < 30, "the listing stops at the bound, not at its timeout"
+
+
+def test_a_two_megabyte_description_is_refused_at_load_naming_the_tool_and_the_bound(tmp_path: Path) -> None:
+    message = refusal(hostile_agent(tmp_path, description_bytes=2 * 1024 * 1024))
+    assert "tool 'verbose'" in message and "2097152 bytes" in message, message
+    assert "more than 4096" in message and "AGENTS_MCP_MAX_DESCRIPTION_BYTES" in message, message
+
+
+def test_a_description_at_the_bound_is_kept_whole(tmp_path: Path) -> None:
+    agent = load_agent_file(hostile_agent(tmp_path, description_bytes=4096))
+    verbose = agent.tool("mcp__hostile__verbose")
+    assert verbose is not None and verbose.description == "d" * 4096
+
+
+def test_a_huge_input_schema_is_refused_naming_the_tool_and_the_bound(tmp_path: Path) -> None:
+    message = refusal(hostile_agent(tmp_path, schema_bytes=70_000))
+    assert "tool 'wide'" in message and "input schema" in message, message
+    assert "more than 65536" in message and "AGENTS_MCP_MAX_SCHEMA_BYTES" in message, message
+
+
+def test_a_tool_name_longer_than_mcp_allows_is_refused_without_quoting_it_whole(tmp_path: Path) -> None:
+    message = refusal(hostile_agent(tmp_path, name_length=5000))
+    assert "a name of 5000 characters, more than 128" in message, message
+
+
+def test_the_bounds_are_settings_of_the_loading_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = hostile_agent(tmp_path)
+    assert load_agent_file(path).tool("mcp__hostile__add") is not None
+    monkeypatch.setenv("AGENTS_MCP_MAX_LISTING_BYTES", "500")
+    message = refusal(path)
+    assert "its tools' descriptions and input schemas come to" in message, message
+    assert "more than 500 bytes (AGENTS_MCP_MAX_LISTING_BYTES)" in message, message
+    monkeypatch.delenv("AGENTS_MCP_MAX_LISTING_BYTES")
+    monkeypatch.setenv("AGENTS_MCP_MAX_TOOLS", "3")
+    assert "more than 3 tools" in refusal(path)
+    monkeypatch.setenv("AGENTS_MCP_MAX_TOOLS", "400")
+    agent = load_agent_file(hostile_agent(tmp_path, extra_tools=300))
+    assert len([t for t in agent.tools if t.name.startswith("mcp__hostile__extra_")]) == 300
+
+
+def test_a_refused_listing_makes_the_cli_exit_2_with_invalid_agent_file(tmp_path: Path) -> None:
+    path = hostile_agent(tmp_path, description_bytes=2 * 1024 * 1024)
+    run = agents(
+        "session", "start", "--agent-file", path, "-p", "hi", "--json", env=cli_env(None, "mcpbounds", tmp_path)
+    )
+    assert run.returncode == 2, run
+    error = run.doc["error"]
+    assert error["code"] == "invalid_agent_file" and "AGENTS_MCP_MAX_DESCRIPTION_BYTES" in error["message"], error

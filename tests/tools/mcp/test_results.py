@@ -37,4 +37,4 @@ def test_is_error_is_a_failed_call_with_its_text_or_a_default() -> None:
 
 def test_a_result_over_the_cap_is_cut_and_says_so() -> None:
     out = outcome_of_result({"content": [{"type": "text", "text": "x" * 5000}]}, 100)
-    assert out.meta["output_capped"] == {"written": 5000, "cap": 100} and "[truncated" in out.result
+    assert out.meta.output_capped == {"written": 5000, "cap": 100} and "[truncated" in out.result

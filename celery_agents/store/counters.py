@@ -1,0 +1,73 @@
+"""The fleet's counters: one Redis hash (`Keys.counters`), a field per series and label values
+(`<series>\\x1f<label>\\x1f...`), incremented by the script that records the work it counts: a
+step's commit counts the step, its model calls and tokens and its inline tool calls; a call's
+recorded result, a token's completion or expiry and the sweeper's republish count theirs. A count
+is then true whichever process did the work (a worker, the CLI running steps inline, `agents
+serve` applying a completion), and every `/metrics` reads the hash whole (one HGETALL) and serves
+the same fleet totals. Counts travel to a script as `counts_json`; a few paths that end with no
+script of their own add theirs with `CounterStore.count` (one round trip)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import cast
+
+import redis
+
+from celery_agents.store.core import StoreCore
+from celery_agents.store.keys import Keys
+
+log = logging.getLogger("celery_agents.store")
+
+#: a counter's series and label values, e.g. ("tool_calls", "lookup", "runSync", "completed")
+CounterKey = tuple[str, ...]
+Counts = Mapping[CounterKey, int]
+
+#: between the parts of a field (a label value never holds it: `counter_field` replaces it)
+SEP = "\x1f"
+
+
+def counter_field(key: CounterKey) -> str:
+    """The hash field of one counter (Lua builds the same with `count` in `_lib.lua`)."""
+    return SEP.join(part.replace(SEP, " ") for part in key)
+
+
+def counts_json(counts: Counts) -> str:
+    """Counts as a script takes them (`add_counts` in `_lib.lua`): `[[field, n], ...]`."""
+    return json.dumps([[counter_field(k), n] for k, n in counts.items() if n], ensure_ascii=False)
+
+
+def read_counters(client: redis.Redis, keys: Keys) -> dict[CounterKey, float]:
+    """Every counter of the fleet, read at once (counts are whole; the spend in USD is not)."""
+    raw = cast("dict[str, str]", client.hgetall(keys.counters))
+    return {tuple(field.split(SEP)): _number(value) for field, value in raw.items()}
+
+
+def _number(text: str) -> float:
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
+
+
+class CounterStore(StoreCore):
+    """Adding to the fleet's counters where no script records the work."""
+
+    def count(self, counts: Counts) -> None:
+        """Add `counts` now, in one round trip: for work that ends with no script of its own (a
+        step that lost its lease). A count is not worth failing the work for: a Redis error is
+        logged, not raised."""
+        if not counts:
+            return
+        pipe = self.client.pipeline(transaction=True)
+        for key, n in counts.items():
+            pipe.hincrby(self.keys.counters, counter_field(key), n)
+        try:
+            pipe.execute()
+        except redis.RedisError as exc:
+            log.warning("counts not added (%s): %s", exc, dict(counts))
+
+    def counters(self) -> dict[CounterKey, float]:
+        return read_counters(self.client, self.keys)

@@ -1,0 +1,146 @@
+"""Session state on Redis Sentinel (one primary, two replicas, three sentinels with quorum 2): the
+primary is SIGKILLed and a store follows the promoted replica without a restart, loading its
+scripts there (a replica has none: Redis does not replicate its script cache). What a replica
+acknowledged survives the failover; what none acknowledged may be lost, and a worker that had read
+it finds the session rewound (`agents doctor`)."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from celery_agents import Client
+from celery_agents.config import Settings
+from celery_agents.store import Store, client_for_url
+from tests.chaos.conftest import report
+from tests.chaos.invariants import check_invariants
+from tests.scheduler.fakes import ScriptedLlm, llm_turn
+from tests.store.scenario import begin, start, step
+from tests.support.sentinel import SentinelSet
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def sentinels(tmp_path: Path) -> Iterator[SentinelSet]:
+    s = SentinelSet(tmp_path / "sentinel").start()
+    yield s
+    s.stop()
+
+
+def worker_store(sentinels: SentinelSet, prefix: str, **settings: object) -> Store:
+    """A store as a worker makes it: it waits out an unreachable Redis for up to 30 s."""
+    url = sentinels.url()
+    return Store(client_for_url(url), Settings(redis_url=url, prefix=prefix, **settings), outage_seconds=30)  # type: ignore[arg-type]
+
+
+def doctor_check(sentinels: SentinelSet, prefix: str, home: Path, name: str) -> dict[str, object]:
+    settings = Settings(redis_url=sentinels.url(), prefix=prefix, home=home)
+    with Client(settings, inline=True) as client:
+        (found,) = [c for c in client.doctor()["checks"] if c["name"] == name]
+    return found
+
+
+def test_a_store_follows_the_master_through_a_failover_and_loads_its_scripts_there(
+    sentinels: SentinelSet, prefix: str, tmp_path: Path
+) -> None:
+    replicas_check = doctor_check(sentinels, prefix, tmp_path, "replicas")
+    assert replicas_check["severity"] == "ok", replicas_check
+    assert str(replicas_check["detail"]).startswith("2 replica(s) online; writes wait for 1")
+    store = worker_store(sentinels, prefix)
+    sid = start(store)
+    step(store, sid, ScriptedLlm(llm_turn(("c1", "sync_a", "{}"))))
+    sha = store.scripts.sha("begin_step")
+    replicas = [s for s in sentinels.servers if s.port != sentinels.master_port()]
+    for r in replicas:  # Redis 7 replicates no script; 6.2 replicates what SCRIPT LOAD loads
+        sentinels.admin(r.port).script_flush()
+
+    old = sentinels.kill_master()
+    killed = time.monotonic()
+    done = step(store, sid)  # the tools step: begun and committed on whichever server is the master now
+    recovered = time.monotonic() - killed
+    new = sentinels.master_port()
+    assert new is not None and new != old.port
+    assert sentinels.admin(new).script_exists(sha) == [True]
+    assert done.result is not None and done.result.version == 3
+    assert store.header(sid).version == 3, "the step before the kill is there, and the one after"
+    check_invariants(store, sid, completed=False)
+    report("sentinel failover, one store", first_step_after_kill_s=round(recovered, 2))
+
+
+def test_every_session_a_replica_acknowledged_is_on_the_promoted_replica(sentinels: SentinelSet, prefix: str) -> None:
+    """Four threads start sessions as fast as they can while the primary is killed: every session
+    whose start returned is there after the failover."""
+    store = worker_store(sentinels, prefix)
+    assert store.acks.replicas == 1, "on Sentinel, writes wait for one replica by default"
+    started: list[str] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def starter() -> None:
+        try:
+            while not stop.is_set():
+                started.append(start(store))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=starter, daemon=True) for _ in range(4)]
+    for t in threads:
+        t.start()
+    while len(started) < 200 and not errors:
+        time.sleep(0.01)
+    before = len(started)
+    old = sentinels.kill_master()
+    sentinels.wait_failover(old.port)
+    count = len(started)
+    while len(started) < count + 200 and not errors:  # and they go on, on the new master
+        time.sleep(0.01)
+    stop.set()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors[0]
+    pipe = store.client.pipeline(transaction=False)
+    for sid in started:
+        pipe.exists(store.keys.meta(sid))
+    missing = [sid for sid, there in zip(started, pipe.execute(), strict=True) if not there]
+    assert not missing, f"{len(missing)} of {len(started)} acknowledged sessions were lost"
+    assert store.acks.short == 0
+    report("sentinel failover, starts", acknowledged=len(started), before_kill=before, lost=len(missing))
+
+
+def test_a_write_no_replica_acknowledged_may_be_lost_and_is_found_rewound(
+    sentinels: SentinelSet, prefix: str, tmp_path: Path
+) -> None:
+    """With both replicas frozen and cut off, a commit waits 1 s for them, stands on the primary
+    alone, and dies with it: the session is back where the replicas last saw it. The worker that had read
+    the lost step finds the session rewound, reads the stored transcript, and doctor fails until
+    an operator acknowledges it."""
+    store = worker_store(sentinels, prefix)
+    sid = start(store)
+    step(store, sid, ScriptedLlm(llm_turn(("c1", "sync_a", "{}"))))
+    replicas = [s for s in sentinels.servers if s.port != sentinels.master_port()]
+    for r in replicas:
+        assert r.proc is not None
+        r.proc.send_signal(signal.SIGSTOP)
+    primary = sentinels.admin(sentinels.master_port() or 0)
+    try:
+        # Cut off too, or they would read the commit from their sockets once they run again.
+        primary.client_kill_filter(_type="replica")
+        step(store, sid)  # the tools step: committed on the primary only
+        assert store.acks.short == 1, "the commit said no replica had it"
+        old = sentinels.kill_master()
+    finally:
+        for r in replicas:
+            assert r.proc is not None
+            r.proc.send_signal(signal.SIGCONT)
+    sentinels.wait_failover(old.port)
+    assert store.header(sid).version == 2, "the promoted replica never had the tools step"
+    begin(store, sid, "w2")  # the worker that cached version 3 reads the session again
+    assert store.rewound_sessions().unacknowledged == 1
+    check = doctor_check(sentinels, prefix, tmp_path, "rewound sessions")
+    assert check["severity"] == "error" and sid in str(check["detail"])

@@ -1,0 +1,121 @@
+"""`run_step` of a sub-agent's session below a budget, on a real Redis with a scripted model: its
+model call is claimed on the budget above before it is made and the claim ends with the commit
+that adds its spend; a claim that must wait for a sibling's call in flight puts the step back
+without calling the model; a step that ends without a commit (a fleet limit put it back) leaves
+no claim behind."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+import redis
+
+from celery_agents.model import LlmTurn, UserQuery
+from celery_agents.model.admission import ModelLimit
+from celery_agents.runtime import run_step
+from celery_agents.scheduler import LlmRequest
+from celery_agents.store import Store
+from celery_agents.store.budget import BudgetWant
+from celery_agents.store.counters import read_counters
+from celery_agents.store.records import Waiter
+from celery_agents.tools.resolve import parse_agent
+from tests.scheduler.fakes import RecordingTools, ScriptedLlm, llm_turn
+
+CHILD = parse_agent({"slug": "helper", "model": "fake/helper"})
+
+
+def tree(store: Store, budget: dict[str, int] | None) -> tuple[str, str]:
+    """A boss with `budget` and the child session one of its calls started (owed its first step)."""
+    boss = parse_agent({"slug": "boss", "model": "fake/boss", "budget": budget})
+    top = store.create_session(boss, UserQuery(text="go")).session_id
+    store.start_child(top, "1:0", f"{top}-c", CHILD, UserQuery(text="help"))
+    return top, f"{top}-c"
+
+
+def test_the_claim_is_made_before_the_model_call_and_ends_with_the_commit_that_spends(store: Store) -> None:
+    top, child = tree(store, {"modelCalls": 3})
+    seen: list[dict[str, str]] = []
+
+    class Watching(ScriptedLlm):
+        def complete(self, request: LlmRequest) -> LlmTurn:
+            seen.append(store.claims_held(top))
+            return super().complete(request)
+
+    res = run_step(store, child, 1, llm=Watching(llm_turn(text="done")), tools=RecordingTools(), owner="w1")
+    assert res.outcome == "committed"
+    assert [list(c) for c in seen] == [[f"{child} 1 w1"]], "claimed while the call was made"
+    assert store.claims_held(top) == {}, "the commit ended it"
+    assert store.header(top).spent.model_calls == 1
+
+
+def test_a_claim_that_must_wait_puts_the_step_back_without_calling_the_model(store: Store) -> None:
+    top, child = tree(store, {"modelCalls": 2})
+    store.client.hset(store.keys.meta(top), "spent_model_calls", 1)
+    assert store.claim_budget([top], "sibling 1 w9", BudgetWant(model_calls=1)).outcome == "ok"
+    llm = ScriptedLlm(llm_turn(text="done"))
+    res = run_step(store, child, 1, llm=llm, tools=RecordingTools(), owner="w1")
+    assert res.outcome == "throttled" and res.throttled is not None and llm.calls == 0
+    assert (res.throttled.reason, res.throttled.key, res.throttled.requeue) == ("budget", top, True)
+    assert 0.9 < res.throttled.countdown <= 1.0
+    assert store.header(child).throttled_until is not None and store.lease_holder(child) is None
+    assert list(store.claims_held(top)) == ["sibling 1 w9"], "the waiting step holds no claim"
+    assert not any(k[0] == "model_calls_throttled" for k in read_counters(store.client, store.keys))
+    # the sibling's call answered: back, the step finds the limit reached
+    store.client.hset(store.keys.meta(top), "spent_model_calls", 2)
+    store.release_claims([top], "sibling 1 w9")
+    res = run_step(store, child, 1, llm=llm, tools=RecordingTools(), owner="w1")
+    view = store.header(child)
+    assert (res.outcome, llm.calls) == ("committed", 0)
+    assert view.error is not None and f"modelCalls spent 2, limit 2 (the budget of session {top}" in view.error.message
+
+
+def test_a_step_a_fleet_limit_puts_back_after_its_claim_leaves_no_claim(store: Store) -> None:
+    store = Store(store.client, replace(store.settings, limits_refresh=0.0))
+    store.set_limit(CHILD.model, ModelLimit(concurrency=1))
+    assert store.admit(CHILD.model, [CHILD.model], 0, "other:1:slot", Waiter("other", 1, 5)).admitted
+    top, child = tree(store, {"modelCalls": 3})
+    res = run_step(store, child, 1, llm=ScriptedLlm(llm_turn(text="done")), tools=RecordingTools(), owner="w1")
+    assert res.outcome == "throttled" and res.throttled is not None and res.throttled.reason == "concurrency"
+    assert store.claims_held(top) == {}, "the claim went with the step"
+
+
+class RoundTrips:
+    """Counts what this process sends Redis: each command sent alone, each pipeline as one."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.n = 0
+        plain, batch = redis.Redis.execute_command, redis.client.Pipeline.execute
+        counter = self
+
+        def command(client: Any, *args: Any, **kw: Any) -> Any:
+            if not isinstance(client, redis.client.Pipeline):
+                counter.n += 1
+            return plain(client, *args, **kw)
+
+        def execute(pipe: Any, *args: Any, **kw: Any) -> Any:
+            counter.n += 1
+            return batch(pipe, *args, **kw)
+
+        monkeypatch.setattr(redis.Redis, "execute_command", command)
+        monkeypatch.setattr(redis.client.Pipeline, "execute", execute)
+
+
+def test_a_step_below_a_budget_makes_one_round_trip_more_its_claim(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = Store(store.client, replace(store.settings, limits_refresh=3600.0))
+    store.scripts.load_all()
+    store.fleet_limits()  # this process's copy of the fleet's limits: read once an hour here
+    counted = RoundTrips(monkeypatch)
+    trips: dict[bool, int] = {}
+    budgets: list[dict[str, int]] = [{}, {"modelCalls": 3}]
+    for budget in budgets:
+        _, child = tree(store, budget or None)
+        store.agent(store.header(child).agent_hash)  # the spec, read once per process
+        before = counted.n
+        res = run_step(store, child, 1, llm=ScriptedLlm(llm_turn(text="done")), tools=RecordingTools(), owner="w1")
+        assert res.outcome == "committed"
+        trips[bool(budget)] = counted.n - before
+    assert trips[True] == trips[False] + 1, trips

@@ -1,0 +1,204 @@
+"""The admission script's arithmetic (store/lua/admit.lua, release.lua), on real Redis and on
+fakeredis: calls spaced by the rate with a second's burst, each waiting call booked a start time of
+its own, tokens estimated then corrected, slots under a concurrency limit given back or lapsing,
+a paused model, and two limits of which only the binding one is booked."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import replace
+
+import pytest
+
+from celery_agents.model.admission import ModelLimit
+from celery_agents.store import Store
+from celery_agents.store.admission import Admission, HeldCall
+from celery_agents.store.records import Waiter
+from celery_agents.tools.resolve import parse_agent
+
+
+def admit(store: Store, keys: list[str], tokens: int = 0, model: str = "m", session: str = "") -> Admission:
+    sid = session or uuid.uuid4().hex
+    return store.admit(model, keys, tokens, f"{sid}:1:slot", Waiter(sid, 1, 5))
+
+
+def state(store: Store, key: str) -> dict[str, str]:
+    return store.client.hgetall(store.keys.limit_state(key))  # type: ignore[return-value]
+
+
+def test_calls_are_spaced_by_the_rate_after_a_seconds_burst_each_booked_its_own_start(any_store: Store) -> None:
+    any_store.set_limit("m", ModelLimit(rpm=120))  # one call per 500 ms, a second's worth (2) at once
+    first, second = admit(any_store, ["m"]), admit(any_store, ["m"])
+    assert first.admitted and second.admitted
+    waits = [admit(any_store, ["m"]) for _ in range(4)]
+    assert all(not w.admitted and w.reason == "rate" and w.key == "m" for w in waits)
+    starts = [w.until - first.now for w in waits]
+    # the third call conforms 500 ms after the first; each later one 500 ms after the one before
+    assert starts == pytest.approx([0.5, 1.0, 1.5, 2.0], abs=0.01)
+
+
+def test_a_booked_call_starts_at_its_time_and_is_not_counted_twice(any_store: Store) -> None:
+    any_store.set_limit("m", ModelLimit(rpm=600))  # 100 ms apart, ten at once
+    sid = uuid.uuid4().hex
+    for _ in range(10):
+        assert admit(any_store, ["m"]).admitted
+    booked = admit(any_store, ["m"], session=sid)
+    assert not booked.admitted
+    tat = float(state(any_store, "m")["req_tat"])
+    again = admit(any_store, ["m"], session=sid)  # back too early: the same start, nothing booked again
+    assert (again.admitted, again.until) == (False, pytest.approx(booked.until, abs=1e-3))
+    assert float(state(any_store, "m")["req_tat"]) == tat
+    time.sleep(max(0.0, booked.until - again.now) + 0.01)  # its start time comes (Redis's clock)
+    assert admit(any_store, ["m"], session=sid).admitted
+    assert float(state(any_store, "m")["req_tat"]) == tat, "its cost was counted when it was booked"
+    assert not any_store.client.exists(any_store.keys.limit_booking(sid, 1)), "the booking is used up"
+
+
+def test_tokens_are_estimated_before_and_corrected_after(any_store: Store) -> None:
+    any_store.set_limit("m", ModelLimit(tpm=60_000))  # a token per ms, a second's worth: 1,000
+    big = admit(any_store, ["m"], tokens=5000)
+    assert big.admitted, "a call of more than a second's worth starts on an empty bucket"
+    after = admit(any_store, ["m"], tokens=100)
+    assert not after.admitted and after.reason == "rate"
+    # 5,000 tokens at a token per ms; the 100 tokens fit in the burst once the bucket is down to 900
+    assert after.until - big.now == pytest.approx(5.0 - 0.9, abs=0.01)
+    tat = float(state(any_store, "m")["tok_tat"])
+    any_store.release(HeldCall("m", ("m",), "s", estimate=5000, delta=-3000))  # it used 2,000
+    assert float(state(any_store, "m")["tok_tat"]) == pytest.approx(tat - 3000, abs=0.01)
+    usage = any_store.limit_usages(["m"])[0]
+    assert (usage.requests_this_minute, usage.tokens_this_minute) == (1, 2000)
+
+
+def test_a_full_concurrency_limit_queues_the_call_and_a_released_slot_wakes_it(any_store: Store) -> None:
+    any_store.set_limit("m", ModelLimit(concurrency=2))
+    holders = [uuid.uuid4().hex for _ in range(2)]
+    assert all(admit(any_store, ["m"], session=s).admitted for s in holders)
+    waiting = uuid.uuid4().hex
+    refused = admit(any_store, ["m"], session=waiting)
+    assert (refused.admitted, refused.reason) == (False, "concurrency")
+    # nothing wakes it before the nearest slot lapses (a lease: AGENTS_LEASE_SECONDS)
+    assert refused.until - refused.now == pytest.approx(any_store.settings.lease_seconds, abs=0.05)
+    usage = any_store.limit_usages()[0]
+    assert (usage.in_flight, usage.waiting) == (2, 1)
+    released = any_store.release(HeldCall("m", ("m",), f"{holders[0]}:1:slot", 0))
+    assert released.woken == (Waiter(waiting, 1, 5),)
+    again = any_store.release(HeldCall("m", ("m",), f"{holders[0]}:1:slot", 0))
+    assert again.woken == (), "a slot is given back once"
+    assert admit(any_store, ["m"], session=waiting).admitted
+
+
+def test_waiters_are_woken_highest_priority_first(any_store: Store) -> None:
+    any_store.set_limit("m", ModelLimit(concurrency=1))
+    holder = uuid.uuid4().hex
+    assert admit(any_store, ["m"], session=holder).admitted
+    low, high = uuid.uuid4().hex, uuid.uuid4().hex
+    any_store.admit("m", ["m"], 0, "x", Waiter(low, 1, 2))
+    any_store.admit("m", ["m"], 0, "y", Waiter(high, 1, 8))
+    assert any_store.release(HeldCall("m", ("m",), f"{holder}:1:slot", 0)).woken == (Waiter(high, 1, 8),)
+
+
+def test_the_slot_of_a_call_whose_worker_died_lapses_one_lease_later(any_store: Store) -> None:
+    store = Store(any_store.client, replace(any_store.settings, lease_seconds=0.3))
+    store.set_limit("m", ModelLimit(concurrency=1))
+    assert admit(store, ["m"]).admitted  # its worker dies: nothing releases it
+    refused = admit(store, ["m"])
+    assert refused.reason == "concurrency"
+    time.sleep(max(0.0, refused.until - refused.now) + 0.01)
+    assert admit(store, ["m"]).admitted
+
+
+def test_a_renewed_slot_does_not_lapse(any_store: Store) -> None:
+    store = Store(any_store.client, replace(any_store.settings, lease_seconds=0.3))
+    store.set_limit("m", ModelLimit(concurrency=1))
+    sid = uuid.uuid4().hex
+    assert admit(store, ["m"], session=sid).admitted
+    slot = store.slot_key("m")
+    for _ in range(4):  # 0.4 s: past its first lease
+        time.sleep(0.1)
+        assert store.scripts.run("slot_renew", [slot], [f"{sid}:1:slot", 300]) == 1
+    assert admit(store, ["m"]).reason == "concurrency"
+
+
+def test_a_paused_model_waits_until_the_pause_ends(any_store: Store) -> None:
+    until = any_store.pause_model("m", 0.3)
+    refused = admit(any_store, [], model="m")
+    assert (refused.admitted, refused.reason, refused.key) == (False, "paused", "m")
+    assert refused.until == pytest.approx(until, abs=1e-3)
+    assert any_store.pause_model("m", 0.01) == pytest.approx(until, abs=1e-3), "a shorter pause keeps the longer"
+    assert [p.model for p in any_store.pauses()] == ["m"]
+    time.sleep(max(0.0, until - refused.now) + 0.01)
+    assert admit(any_store, [], model="m").admitted
+    assert any_store.pauses() == []
+    assert admit(any_store, [], model="other").admitted
+
+
+def test_only_the_binding_limit_is_booked(any_store: Store) -> None:
+    any_store.set_limit("m", ModelLimit(rpm=60))  # the model: one a second
+    any_store.set_limit("team", ModelLimit(rpm=6000))  # the team: a hundred a second
+    assert admit(any_store, ["m", "team"]).admitted
+    waiting = admit(any_store, ["m", "team"])
+    assert (waiting.reason, waiting.key) == ("rate", "m")
+    # the team's limit was not booked a second ahead: another model of the team starts now
+    assert admit(any_store, ["team"], model="other").admitted
+
+
+def test_a_limit_deleted_stops_holding_calls_and_hands_back_its_waiters(any_store: Store) -> None:
+    any_store.set_limit("m", ModelLimit(concurrency=1, rpm=1))
+    assert admit(any_store, ["m"]).admitted
+    sid = uuid.uuid4().hex
+    admit(any_store, ["m"], session=sid)
+    assert any_store.delete_limit("m") == (True, [Waiter(sid, 1, 5)])
+    assert any_store.delete_limit("m") == (False, [])
+    assert admit(any_store, ["m"]).admitted
+    assert any_store.limit_usages() == []
+
+
+def test_how_many_calls_may_start_at_once_is_the_burst_setting(any_store: Store) -> None:
+    store = Store(any_store.client, replace(any_store.settings, limits_burst=0.05))
+    store.set_limit("m", ModelLimit(rpm=120))  # 500 ms apart; a burst of 50 ms holds one call
+    first = admit(store, ["m"])
+    assert first.admitted
+    second = admit(store, ["m"])
+    assert not second.admitted and second.until - first.now == pytest.approx(0.5, abs=0.01)
+
+
+def test_a_pause_gives_up_the_starts_booked_before_it_and_moves_the_rates_past_it(any_store: Store) -> None:
+    any_store.set_limit("m", ModelLimit(rpm=600))  # 100 ms apart
+    held = uuid.uuid4().hex
+    for i in range(10):
+        assert admit(any_store, ["m"], session=held if i == 0 else "").admitted
+    booked_sid = uuid.uuid4().hex
+    booked = admit(any_store, ["m"], session=booked_sid)
+    assert booked.reason == "rate" and any_store.client.exists(any_store.keys.limit_booking(booked_sid, 1))
+    # the held call meets a 429 with Retry-After 2 s
+    released = any_store.release(HeldCall("m", ("m",), f"{held}:1:slot", 0, pause=("m", 2.0)))
+    assert released.paused_until is not None
+    again = admit(any_store, ["m"], session=booked_sid)
+    assert (again.reason, again.until) == ("paused", pytest.approx(released.paused_until, abs=1e-3))
+    assert not any_store.client.exists(any_store.keys.limit_booking(booked_sid, 1)), "booked again after it"
+    assert float(state(any_store, "m")["req_tat"]) / 1000 == pytest.approx(released.paused_until, abs=1e-3)
+
+
+def test_a_limit_set_elsewhere_holds_in_this_process_once_its_copy_is_refresh_seconds_old(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker trusts its copy of the limits for AGENTS_LIMITS_REFRESH seconds (of its monotonic
+    clock, moved on here by hand); with 0 it reads them at every call."""
+    import celery_agents.store.admission as admission
+
+    clock = [1000.0]
+    monkeypatch.setattr(admission.time, "monotonic", lambda: clock[0])
+    worker = Store(store.client, replace(store.settings, limits_refresh=1.0))
+    elsewhere = Store(store.client, store.settings)
+    agent = parse_agent({"slug": "a", "model": "fresh/model"})
+    assert worker.fleet_limits().keys_for(agent) == ()
+    elsewhere.set_limit("fresh/model", ModelLimit(rpm=60))
+    clock[0] += 0.99
+    assert worker.fleet_limits().keys_for(agent) == (), "its copy is trusted for a second"
+    clock[0] += 0.02
+    assert worker.fleet_limits().keys_for(agent) == ("fresh/model",)
+    every_call = Store(store.client, replace(store.settings, limits_refresh=0.0))
+    assert every_call.fleet_limits().keys_for(agent) == ("fresh/model",)
+    elsewhere.delete_limit("fresh/model")
+    assert every_call.fleet_limits().keys_for(agent) == (), "read again at the next call, at the same instant"

@@ -1,0 +1,186 @@
+"""The fleet's counters are counted by the scripts that record the work, in Redis: a step's commit
+counts the step, its model call and tokens and its inline tool calls; a completion, an expiry, a
+dispatched call's result and the sweeper's republish count theirs; each exactly once, whichever
+process (or how many of them) did the work."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from celery_agents.errors import TokenAlreadyCompleted
+from celery_agents.llm.adapter import LitellmPort
+from celery_agents.model import UserQuery
+from celery_agents.observe.metrics import counter_families
+from celery_agents.runtime import run_step
+from celery_agents.runtime.completions import CompletionConsumer, complete
+from celery_agents.store import Store, completion_json
+from celery_agents.tools.resolve import parse_agent
+from tests.scheduler.fakes import RecordingTools, ScriptedLlm, llm_turn
+from tests.store.scenario import begin, start, token_of, waiting_on
+
+DAY = 86400
+
+#: the offline demo model, called through litellm, asks for the weather tools it is offered
+WEATHER = parse_agent(
+    {
+        "slug": "weather",
+        "model": "demo/counted",
+        "tools": [
+            {"name": "get_weather", "command": ["echo", '{"temp": 21}']},
+            {"name": "get_forecast", "command": ["echo", '{"rain": false}']},
+        ],
+        "toolCallPolicy": {"default": "runSync"},
+    }
+)
+
+
+def counters(store: Store) -> dict[tuple[str, ...], int]:
+    """What any process reads: a fresh store on the same Redis."""
+    return Store(store.client, store.settings).counters()
+
+
+def test_a_step_counts_its_outcome_model_call_tokens_and_inline_tool_calls_in_redis(store: Store) -> None:
+    sid = store.create_session(WEATHER, UserQuery(text="What is the weather in Paris?")).session_id
+    llm, tools = LitellmPort(), RecordingTools()
+    assert run_step(store, sid, 1, llm=llm, tools=tools, owner="w1").outcome == "committed"
+    first = counters(store)
+    assert first[("steps", "committed")] == 1
+    assert first[("model_calls", "demo/counted", "ok")] == 1
+    assert first[("model_tokens", "demo/counted", "input")] > 0
+    assert first[("model_tokens", "demo/counted", "output")] > 0
+    assert not [k for k in first if k[0] == "tool_calls"], "no tool has run yet"
+    # The second step runs the calls the model asked for, inline, and commits them with their counts.
+    assert run_step(store, sid, 2, llm=llm, tools=tools, owner="w1").outcome == "committed"
+    ran = {c.tool for c in tools.runs}
+    assert ran
+    after = counters(store)
+    for tool in ran:
+        assert after[("tool_calls", tool, "runSync", "completed")] == 1
+    assert after[("steps", "committed")] == 2
+
+
+def test_a_step_refused_at_its_start_counts_as_its_outcome(store: Store) -> None:
+    sid = start(store)
+    begin(store, sid, owner="w1")
+    llm, tools = ScriptedLlm(), RecordingTools()
+    assert run_step(store, sid, 1, llm=llm, tools=tools, owner="w2").outcome == "busy"
+    assert run_step(store, sid, 7, llm=llm, tools=tools, owner="w2").outcome == "stale"
+    got = counters(store)
+    assert (got[("steps", "busy")], got[("steps", "stale")]) == (1, 1)
+    assert ("steps", "committed") not in got
+
+
+def test_a_deferred_call_is_counted_once_however_often_it_is_completed(store: Store) -> None:
+    _, calls = waiting_on(store, ("c1", "defer_t"), ("c2", "defer_t"))
+    complete(store, token_of(calls, "c1"), {"approved": True}, by="alice")
+    complete(store, token_of(calls, "c2"), "no budget", is_error=True, by="bob")
+    with pytest.raises(TokenAlreadyCompleted):
+        complete(store, token_of(calls, "c1"), {"approved": False})
+    got = counters(store)
+    assert got[("completions", "applied")] == 2
+    assert got[("tool_calls", "defer_t", "defer", "completed")] == 1
+    assert got[("tool_calls", "defer_t", "defer", "failed")] == 1
+
+
+def test_a_stream_entry_that_changes_nothing_is_counted_by_its_reason(store: Store) -> None:
+    _, calls = waiting_on(store, ("c1", "defer_t"))
+    token = token_of(calls, "c1")
+    stream = store.keys.completions
+    store.client.xadd(stream, {"token": token, "result": '"yes"'})
+    store.client.xadd(stream, {"token": token, "result": '"again"'})
+    store.client.xadd(stream, {"result": '"no token"'})
+    consumer = CompletionConsumer(store, "c")
+    assert consumer.poll() == 3
+    got = counters(store)
+    assert got[("completions", "applied")] == 1
+    assert got[("completions", "token_already_completed")] == 1
+    assert got[("completions", "invalid_result")] == 1
+    assert got[("tool_calls", "defer_t", "defer", "completed")] == 1
+
+
+def test_an_expired_deferred_call_is_counted_once(store: Store) -> None:
+    sid, calls = waiting_on(store, ("c1", "defer_t"))
+    later = time.time() + DAY + 60
+    assert store.expire_call(sid, calls[0].field, now=later).status == "ok"
+    assert store.expire_call(sid, calls[0].field, now=later).status == "gone"
+    assert counters(store)[("tool_calls", "defer_t", "defer", "expired")] == 1
+
+
+def test_a_dispatched_call_s_counts_are_added_by_the_writer_that_records_it(store: Store) -> None:
+    sid, calls = waiting_on(store, ("c1", "async_t"))
+    f = calls[0].field
+    body = completion_json("done", is_error=False, by="", now=time.time())
+    ran = {("tool_calls", "async_t", "runAsync", "completed"): 1}
+    assert store.record_result(sid, f, body, {}, counts=ran).status == "ok"
+    assert store.record_result(sid, f, body, {}, counts=ran).status == "already"
+    assert counters(store)[("tool_calls", "async_t", "runAsync", "completed")] == 1
+
+
+def test_the_sweeper_s_republish_is_counted_and_a_lapsed_lease_as_a_takeover(store: Store) -> None:
+    now = time.time()
+    unpicked = start(store, drive="auto", owe=True, now=now - 60)
+    picked = start(store, drive="auto", owe=True, now=now - 60)
+    begin(store, picked, owner="dead-worker")
+    store.client.delete(store.keys.lease(picked))  # its worker died: the lease lapsed
+    swept = store.sweep_owed([(unpicked, True), (picked, False)], now)
+    assert [s.verdict.value for s in swept] == ["republish", "republish"]
+    got = counters(store)
+    assert got[("republished", "step")] == 2
+    assert got[("lease_takeovers", "step")] == 1
+
+
+def test_every_series_is_served_with_its_labels_and_the_quiet_ones_at_zero() -> None:
+    families = {
+        f.name: f
+        for f in counter_families(
+            {
+                ("tool_calls", "lookup", "defer", "completed"): 3,
+                ("completions", "applied"): 3,
+                ("tool_calls", "too", "few"): 1,  # a shape another release wrote: left out
+                ("unknown_series", "x"): 1,
+            }
+        )
+    }
+    [tool] = families["agents_tool_calls"].samples
+    assert (tool.name, tool.labels, tool.value) == (
+        "agents_tool_calls_total",
+        {"tool": "lookup", "disposition": "defer", "outcome": "completed"},
+        3,
+    )
+    assert {s.labels["kind"]: s.value for s in families["agents_republished"].samples} == {"call": 0, "step": 0}
+    assert [s.value for s in families["agents_sandbox_oom_kills"].samples] == [0]
+    assert "agents_unknown_series" not in families
+
+
+def test_counts_travel_to_a_script_as_fields_it_adds(store: Store) -> None:
+    from celery_agents.store.counters import counts_json
+
+    assert json.loads(counts_json({("model_calls", "a\x1fb", "ok"): 2, ("steps", "noop"): 0})) == [
+        ["model_calls\x1fa b\x1fok", 2]
+    ]
+    store.count({("steps", "lost"): 1, ("model_calls", "m", "ok"): 2})
+    assert counters(store) == {("steps", "lost"): 1, ("model_calls", "m", "ok"): 2}
+
+
+def test_nothing_is_counted_for_a_step_s_commit_retried_after_its_reply_was_lost(store: Store) -> None:
+    from celery_agents.store.commit import commit_record
+    from tests.store.scenario import decide
+
+    sid = start(store)
+    loaded = begin(store, sid)
+    t = decide(store, loaded, llm=ScriptedLlm(llm_turn(text="Sunny.")))
+    record = commit_record(loaded.header, "w1", t, counts={("model_calls", "m", "ok"): 1})
+    args = record.to_args("attempt-1", 30_000)
+    for _ in range(2):  # the client sends the same call again: the script answers with the first reply
+        reply = store.scripts.run(
+            "commit_step",
+            store.scripts.session_keys("commit_step", store.keys, sid, "attempt-1"),
+            ["event", 1000, sid, *args],
+        )
+        assert reply[0] == "ok"
+    # The model turn's tokens are the fleet's spend (`agents_spend_total{kind="tokens"}`), counted once too.
+    tokens = t.spend.tokens
+    assert counters(store) == {("steps", "committed"): 1, ("model_calls", "m", "ok"): 1, ("spend", "tokens"): tokens}

@@ -1,0 +1,112 @@
+"""A worker's store waits out an unreachable Redis (killed and restarted from its append-only
+file) up to its bound: what it sends meanwhile goes through, once, when Redis is back; past the
+bound, and at once for a store with no bound (the CLI's), `RedisUnavailable`."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from celery_agents.config import Settings
+from celery_agents.errors import RedisUnavailable
+from celery_agents.store import Store, client_for_url
+from tests.e2e.conftest import wait_for
+from tests.store.scenario import begin, start
+from tests.support.redis_server import RedisServer
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[RedisServer]:
+    s = RedisServer(tmp_path / "redis", appendonly=True, appendfsync="always").start()
+    yield s
+    s.stop(kill=True)
+
+
+def store_on(server: RedisServer, settings: Settings, outage_seconds: float) -> Store:
+    return Store(client_for_url(server.url), dataclasses.replace(settings, redis_url=server.url), outage_seconds)
+
+
+def test_a_write_sent_while_redis_is_away_goes_through_once_it_is_back(
+    server: RedisServer, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = store_on(server, settings, outage_seconds=30)
+    sid = start(store)
+    loaded = begin(store, sid, "worker-a")
+    server.stop(kill=True)
+    done: dict[str, Any] = {}
+
+    def journal() -> None:
+        started = time.monotonic()
+        done["value"] = store.journal_put(sid, "tool:0", '{"ran": 1}', "worker-a", loaded.header.version)
+        done["waited"] = time.monotonic() - started
+
+    caplog.set_level(logging.WARNING, logger="celery_agents.store")
+    writer = threading.Thread(target=journal)
+    writer.start()
+    wait_for(lambda: "waiting up to 30 s" in caplog.text, what="the store to find Redis away")
+    server.start()
+    writer.join(timeout=30)
+    assert done["value"] == '{"ran": 1}'
+    assert store.client.hget(store.keys.journal(sid), "tool:0") == '{"ran": 1}'
+    assert "Redis is reachable again" in caplog.text
+    assert done["waited"] < 30
+
+
+def test_past_its_bound_the_store_gives_up_saying_so(server: RedisServer, settings: Settings) -> None:
+    store = store_on(server, settings, outage_seconds=0.5)
+    sid = start(store)
+    server.stop(kill=True)
+    started = time.monotonic()
+    with pytest.raises(RedisUnavailable, match=r"gave up after 0\.\d s \(AGENTS_REDIS_OUTAGE_SECONDS=0\.5\)"):
+        store.header(sid)
+    assert time.monotonic() - started < 5
+
+
+def test_what_a_tool_did_is_written_however_long_past_the_bound_redis_stays_away(
+    server: RedisServer, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A journal entry of a tool's result waits for Redis past the bound (giving up would run the
+    tool again); anything else, the inbox's journal entry among it, gives up at the bound."""
+    store = store_on(server, settings, outage_seconds=0.5)
+    sid = start(store)
+    loaded = begin(store, sid, "worker-a")
+    version = loaded.header.version
+    server.stop(kill=True)
+    done: dict[str, Any] = {}
+
+    def journal() -> None:
+        done["value"] = store.journal_put(sid, "tool:0", '{"ran": 1}', "worker-a", version, effect=True)
+
+    caplog.set_level(logging.WARNING, logger="celery_agents.store")
+    writer = threading.Thread(target=journal)
+    writer.start()
+    with pytest.raises(RedisUnavailable, match="gave up"):
+        store.journal_put(sid, "inbox:1", "1", "worker-a", version)
+    wait_for(lambda: "a tool's outcome waits for Redis past" in caplog.text, what="the store to say it waits on")
+    writer.join(timeout=2)
+    assert writer.is_alive(), "it did not give up at the bound"
+    server.start()
+    writer.join(timeout=30)
+    assert done["value"] == '{"ran": 1}'
+    assert store.client.hget(store.keys.journal(sid), "tool:0") == '{"ran": 1}'
+
+
+def test_a_store_without_a_bound_and_an_at_once_copy_fail_at_the_first_failure(
+    server: RedisServer, settings: Settings
+) -> None:
+    patient = store_on(server, settings, outage_seconds=30)
+    sid = start(patient)
+    server.stop(kill=True)
+    for store in (store_on(server, settings, outage_seconds=0), patient.at_once()):
+        started = time.monotonic()
+        with pytest.raises(RedisUnavailable, match=r"^cannot reach Redis: Error"):
+            store.begin_step(sid, 1, "worker-a")
+        assert time.monotonic() - started < 5
+    assert patient.outage.seconds == 30, "the copy's impatience is its own"

@@ -1,0 +1,33 @@
+"""The stored format: a Redis remembers the layout of what celery-agents keeps in it
+(`<prefix>:format`); a worker or a new session refuses a Redis holding another layout, naming
+the fix, instead of misreading it."""
+
+from __future__ import annotations
+
+import pytest
+
+from celery_agents import Client
+from celery_agents.config import Settings
+from celery_agents.errors import IncompatibleData
+from celery_agents.store import Store
+from celery_agents.store.core import STORED_FORMAT
+from tests.scheduler.fakes import make_agent
+
+
+def test_the_first_check_records_the_format_and_later_ones_pass(store: Store) -> None:
+    key = store.keys.format
+    assert store.client.get(key) is None
+    store.check_format()
+    assert store.client.get(key) == str(STORED_FORMAT)
+    store.check_format()
+
+
+def test_a_redis_holding_another_format_is_refused_by_workers_and_new_sessions(settings: Settings) -> None:
+    with Client(settings, inline=True) as client:
+        client.store.client.set(client.store.keys.format, str(STORED_FORMAT + 1))
+        with pytest.raises(IncompatibleData) as caught:
+            client.store.check_format()
+        assert f"format {STORED_FORMAT + 1}" in caught.value.message and "AGENTS_PREFIX" in caught.value.message
+        with pytest.raises(IncompatibleData):
+            client.start(make_agent(), "hi")
+        assert client.list() == [], "no session was written"
