@@ -47,6 +47,10 @@ FORKABLE = frozenset({"OPENAI_API_KEY", "COLUMNS", "PYTEST_CURRENT_TEST"})
 #: what importing litellm sets in its process's environment (the launcher's imports set them too):
 #: a test that called litellm in the test process has them, and its later workers may still fork
 SET_BY_IMPORTS = frozenset({"LITELLM_LOG", "TIKTOKEN_CACHE_DIR"})
+#: what celery-agents' own import of litellm sets by default (`setdefault`), with that value: a
+#: process forked from the launcher sets the same when it first calls a model; any other value is
+#: an explicit choice, and rules the fork out
+SET_BY_OUR_IMPORT = {"EXPERIMENTAL_OPENAI_BASE_LLM_HTTP_HANDLER": "true"}
 
 
 def base_env() -> dict[str, str]:
@@ -125,6 +129,10 @@ class Launcher:
             return {k: v for k, v in e.items() if not k.startswith("AGENTS_") and k not in FORKABLE | SET_BY_IMPORTS}
 
         ours, theirs = fixed(self.env), fixed(env)
+        for key, value in SET_BY_OUR_IMPORT.items():
+            if ours.get(key, value) == value and theirs.get(key, value) == value:
+                ours.pop(key, None)
+                theirs.pop(key, None)
         return sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
 
     def spawn(
