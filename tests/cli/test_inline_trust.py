@@ -19,21 +19,12 @@ from celery_agents.store.counters import read_counters
 from celery_agents.store.keys import Keys
 from tests.cli.process import agents, check_view, cli_env, ok
 from tests.support.llm_server import LlmServer, calls, text
+from tests.support.tool_env import ENVTOOL
 
 pytestmark = pytest.mark.slow
 
 SPEC_KEY = "spec-key-inline-trust-0123456789abcdef"
 SECRET = "sk-inline-provider-secret"
-
-ENVTOOL = """
-import json, os, subprocess, sys
-
-def dump() -> dict:
-    \"\"\"What a python tool sees of the environment, and what a program it starts gets.\"\"\"
-    child = subprocess.run([sys.executable, "-c", "import json, os; print(json.dumps(dict(os.environ)))"],
-                           capture_output=True, text=True, check=True)
-    return {"env": dict(os.environ), "child": json.loads(child.stdout)}
-"""
 
 DUMP = """
 import json, os

@@ -36,6 +36,7 @@ from tests.support.confinement import as_user, unprivileged_user, without_namesp
 from tests.support.llm_server import LlmServer, calls, text
 from tests.support.metrics import parse_metrics
 from tests.support.serve import free_port
+from tests.support.tool_env import ENVTOOL
 from tests.support.workers import Worker, worker_env
 from tests.tools.conftest import PY, bwrap_usable, write_program
 from tests.tools.test_isolated_e2e import settings_for as unsigned_settings
@@ -507,16 +508,6 @@ import json, os, subprocess, sys
 child = subprocess.run([sys.executable, "-c", "import json, os; print(json.dumps(dict(os.environ)))"],
                        capture_output=True, text=True, check=True)
 print(json.dumps({"env": dict(os.environ), "child": json.loads(child.stdout)}))
-"""
-
-ENVTOOL = """
-import json, os, subprocess, sys
-
-def dump() -> dict:
-    \"\"\"What a python tool sees of the environment, and what a program it starts gets.\"\"\"
-    child = subprocess.run([sys.executable, "-c", "import json, os; print(json.dumps(dict(os.environ)))"],
-                           capture_output=True, text=True, check=True)
-    return {"env": dict(os.environ), "child": json.loads(child.stdout)}
 """
 
 
