@@ -23,6 +23,7 @@ from typing import Any
 from celery_agents import observe
 from celery_agents.backoff import exponential_backoff
 from celery_agents.config import Settings
+from celery_agents.llm import wire
 from celery_agents.llm.errors import classify
 from celery_agents.llm.loop import wait_on_loop
 from celery_agents.llm.offline import is_offline, live_parts, register_offline_model
@@ -358,6 +359,10 @@ async def _astream(litellm: Any, kwargs: dict[str, Any], answer: Answer, relay: 
     """Ask for the answer as a stream and read it into `answer`, its pieces into `relay`."""
     with unlogged_unless_heard(litellm):
         response = await litellm.acompletion(stream=True, stream_options={"include_usage": True}, **kwargs)
+        http = wire.readable(litellm, response, listened(litellm))
+        if http is not None:  # read off the wire: litellm's per-chunk work skipped (llm/wire.py)
+            await wire.fold(litellm, response, http, answer, relay)
+            return answer
         async for chunk in response:
             answer.add(chunk, relay)
     answer.reported(getattr(response, "chunks", None))  # litellm's stream keeps the chunks it received

@@ -97,6 +97,13 @@ class Answer:
     def chars(self) -> int:
         return sum(len(t) for t in self.text) + sum(len(r) for r in self.reasoning)
 
+    def call(self, index: int) -> _Call:
+        """The tool call at `index`, begun when first named."""
+        call = self.calls.get(index)
+        if call is None:
+            call = self.calls[index] = _Call()
+        return call
+
     def add(self, chunk: Any, relay: Relay) -> None:
         self.chunks.append(chunk)
         model = getattr(chunk, "model", None)

@@ -40,6 +40,9 @@ class Reply:
     #: streamed: characters per piece, and the pause between pieces (s)
     chunk_chars: int = 4
     chunk_delay: float = 0.0
+    #: streamed: these exact bytes, each one write of the body (no `[DONE]` added), instead of
+    #: the chunks of the answer above
+    frames: list[bytes] | None = None
 
     def body(self, model: str, turn: int) -> dict[str, Any]:
         calls = []
@@ -209,7 +212,11 @@ class LlmServer:
                     time.sleep(reply.delay)
                 if body.get("stream") and reply.status == 200:
                     usage = bool((body.get("stream_options") or {}).get("include_usage"))
-                    if not self._stream(reply.chunks(name, turn, usage), reply.chunk_delay):
+                    frames = reply.frames
+                    if frames is None:
+                        chunks = reply.chunks(name, turn, usage)
+                        frames = [f"data: {json.dumps(c)}\n\n".encode() for c in chunks] + [b"data: [DONE]\n\n"]
+                    if not self._stream(frames, reply.chunk_delay):
                         with server._lock:
                             server.cut[name] += 1
                     return
@@ -224,13 +231,12 @@ class LlmServer:
                 with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the caller went away
                     self.wfile.write(data)
 
-            def _stream(self, chunks: list[dict[str, Any]], pause: float) -> bool:
-                """Send `chunks` as Server-Sent Events (chunked encoding); False if the caller left."""
+            def _stream(self, frames: list[bytes], pause: float) -> bool:
+                """Send `frames` of Server-Sent Events (chunked encoding); False if the caller left."""
                 self.send_response(200)
                 self.send_header("content-type", "text/event-stream")
                 self.send_header("transfer-encoding", "chunked")
                 self.end_headers()
-                frames = [f"data: {json.dumps(c)}\n\n".encode() for c in chunks] + [b"data: [DONE]\n\n"]
                 try:
                     for i, frame in enumerate(frames):
                         if i and pause:
