@@ -470,7 +470,7 @@ class LitellmPort:
                 if live is None:
                     response = wait_on_loop(_acall(litellm, kwargs), timeout=bound)
                     return to_llm_turn(response, (time.monotonic() - started) * 1000, time.time())
-                relay = Relay(live.max_chars)
+                relay = Relay(live.max_chars, live.interval)
                 if not (agent.streams and live.watched):  # whole, and still cancelled by an interrupt
                     response = await_answer(_acall(litellm, kwargs), live, relay, bound)
                     return to_llm_turn(response, (time.monotonic() - started) * 1000, time.time())

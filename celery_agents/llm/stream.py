@@ -4,11 +4,13 @@ in batches, and the whole answer assembled from them as the committed turn.
 The stream is read by a coroutine on the process's model loop (`llm/loop.py`), which only appends
 what arrives to a `Relay`; the step's thread, waiting on the call, writes the relay's pieces to the
 session's live output when a batch is due (`LiveOutput.interval` after its first piece, or once
-`max_chars` wait) and once more when the answer is whole, so an answer costs a few writes however
-many chunks the model sends, and the loop never waits on Redis. The step's thread also watches for
+`max_chars` wait: the loop wakes the thread then, and only then) and once more when the answer is
+whole, so an answer costs a few writes however many chunks the model sends, and the loop never
+waits on Redis. The step's thread also watches for
 an interrupt (a message sent with `--interrupt`): the call is then cancelled on the loop.
 
-The turn is assembled as litellm's `stream_chunk_builder` would (text and reasoning joined, tool
+The turn is assembled (from litellm's chunks here, or off the wire by `llm/wire.py`) as litellm's
+`stream_chunk_builder` would (text and reasoning joined, tool
 calls by index: the last id and name given, arguments joined; usage and cost from the last chunk
 that carries them), without its per-chunk cost; provider thinking blocks, rare and fiddly to merge,
 are left to `stream_chunk_builder` itself.
@@ -16,6 +18,7 @@ are left to `stream_chunk_builder` itself.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import threading
 import time
@@ -30,8 +33,8 @@ from celery_agents.scheduler.ports import DeltaKind, LiveOutput
 class Relay:
     """Pieces of an answer, appended on the model loop and taken by the step's thread."""
 
-    def __init__(self, max_chars: int) -> None:
-        self.max_chars = max_chars
+    def __init__(self, max_chars: int, interval: float) -> None:
+        self.max_chars, self.interval = max_chars, interval
         self.wake = threading.Event()
         self._lock = threading.Lock()
         self._parts: list[tuple[DeltaKind, str]] = []
@@ -54,8 +57,20 @@ class Relay:
             if first:
                 self.since = now
             full = self._chars >= self.max_chars
-        if first or full:
+        if full:
             self.wake.set()
+        elif first:
+            self._wake_when_due()
+
+    def _wake_when_due(self) -> None:
+        """Wake the step's thread when the batch begun now falls due, not now: a timer on the loop
+        costs less than a thread woken twice a batch."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # not on a loop: the waiting thread times the batch itself
+            self.wake.set()
+            return
+        loop.call_later(self.interval, self.wake.set)
 
     def due(self, interval: float, now: float) -> bool:
         with self._lock:
