@@ -255,3 +255,26 @@ def test_merged_reasoning_and_the_sdk_route_are_read_by_litellm(
     assert merged["turn"]["text"] == "<think>Thinking.</think>Read by litellm."
     monkeypatch.setenv(HTTP_ROUTE_VARIABLE, "false")
     assert _fallback_with(reads, llm_server)["turn"]["text"] == "Read by litellm."
+
+
+def test_a_long_stream_read_less_often_still_shows_its_text_batch_by_batch(
+    llm_server: LlmServer, reads: Reads, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past `SLOW_AFTER` the reader waits a quarter of a batch interval between reads: the pieces
+    still come in batches while the model answers, and the call ends soon after the stream."""
+    import time
+
+    monkeypatch.setattr(wire, "SLOW_AFTER", 0.0)
+    answer = "".join(f"w{i:02d} " for i in range(60))
+    spec = parse_agent({"slug": "t", "model": f"openai/{llm_server.scenario([])}", "apiBase": llm_server.url})
+    name = spec.model.removeprefix("openai/")
+    llm_server.script(name, [text(answer, chunk_chars=4, chunk_delay=0.02)])
+    live = Recorder(interval=0.1)
+    req = LlmRequest(agent=spec, messages=[{"role": "user", "content": "hi"}], tools=[], live=live)
+    started = time.monotonic()
+    turn = LitellmPort(RetryPolicy(attempts=1, timeout=10)).complete(req)
+    took = time.monotonic() - started
+    assert reads.wire == 1
+    assert turn.text == answer == live.joined("text")
+    assert len(live.writes) >= 5, "60 pieces over 1.2 s, in batches of 0.1 s"
+    assert took < 1.2 + 0.5
