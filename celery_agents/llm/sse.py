@@ -35,8 +35,9 @@ def _field(line: bytes) -> bytes | None:
     return None
 
 
-async def data_lines(body: AsyncIterable[bytes], limit: int = MAX_LINE) -> AsyncIterator[bytes]:
-    """The data of each event line of `body` (an HTTP response's bytes), in order."""
+async def data_lines(body: AsyncIterable[bytes], limit: int = MAX_LINE) -> AsyncIterator[list[bytes]]:
+    """The data of the event lines of `body` (an HTTP response's bytes), in order: a list per read
+    of `body`, of the lines that read completed (empty when it completed none)."""
     pending = b""
     async for chunk in body:
         if not chunk:
@@ -51,12 +52,16 @@ async def data_lines(body: AsyncIterable[bytes], limit: int = MAX_LINE) -> Async
         pending = rest + held
         if len(pending) > limit:
             raise EventTooLarge(limit)
+        values = []
         for line in lines:
+            if not line:  # the blank line that ends each event
+                continue
             if len(line) > limit:
                 raise EventTooLarge(limit)
             value = _field(line)
             if value is not None:
-                yield value
+                values.append(value)
+        yield values
     value = _field(pending.rstrip(b"\r"))
     if value is not None:
-        yield value
+        yield [value]

@@ -45,13 +45,19 @@ class Relay:
         self.last_seen = time.monotonic()
 
     def add(self, kind: DeltaKind, text: str) -> None:
+        self.add_all([(kind, text)])
+
+    def add_all(self, pieces: list[tuple[DeltaKind, str]]) -> None:
+        """Append pieces that arrived together (one read of a stream) at once."""
         with self._lock:
             first = not self._parts
-            if self._parts and self._parts[-1][0] == kind:
-                self._parts[-1] = (kind, self._parts[-1][1] + text)
-            else:
-                self._parts.append((kind, text))
-            self._chars += len(text)
+            parts = self._parts
+            for kind, text in pieces:
+                if parts and parts[-1][0] == kind:
+                    parts[-1] = (kind, parts[-1][1] + text)
+                else:
+                    parts.append((kind, text))
+                self._chars += len(text)
             now = time.monotonic()
             self.last_seen = now
             if first:

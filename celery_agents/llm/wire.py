@@ -32,6 +32,7 @@ import orjson
 
 from celery_agents.llm.sse import data_lines
 from celery_agents.llm.stream import Answer, Relay
+from celery_agents.scheduler.ports import DeltaKind
 
 
 def readable(litellm: Any, response: Any, heard: bool) -> Any | None:
@@ -69,10 +70,20 @@ class _Fold:
         self.map_finish_reason = map_finish_reason
         self.error = OpenAIError
         self.usage: dict[str, Any] | None = None
+        #: the pieces to show that the current read brought
+        self.pieces: list[tuple[DeltaKind, str]] = []
         self.finished = False
 
-    def event(self, data: bytes, answer: Answer, relay: Relay) -> None:
-        if data.strip() == b"[DONE]":  # litellm takes it for the end, "stop" if no reason came
+    def hand_over(self, relay: Relay) -> None:
+        """What one read brought, to the relay at once."""
+        if self.pieces:
+            relay.add_all(self.pieces)
+            self.pieces = []
+        else:
+            relay.seen()
+
+    def event(self, data: bytes, answer: Answer) -> None:
+        if data[:1] != b"{" and data.strip() == b"[DONE]":  # litellm's end: "stop" if no reason came
             if answer.finish_reason is None:
                 answer.finish_reason = "stop"
             self.finished = True
@@ -84,57 +95,50 @@ class _Fold:
                 event = orjson.loads(data.decode("utf-8", "replace"))
             except orjson.JSONDecodeError:
                 return  # litellm skips a line that is not JSON
-        if not isinstance(event, dict) or not event:
+        if type(event) is not dict or not event:
             return
-        self.check(event)
+        if event.get("error"):
+            raise self.failure(event["error"])
         usage = event.get("usage")
         if usage is not None:
             self.usage = usage
-        choices = event.get("choices") or []
-        shown = False
-        for choice in choices:
-            if (choice.get("index") or 0) != 0:
-                continue
-            if choice.get("finish_reason"):
-                answer.finish_reason = self.map_finish_reason(choice["finish_reason"])
-                self.finished = True
-            delta = choice.get("delta") or {}
-            shown = self.delta(delta, answer, relay) or shown
-            if delta.get("thinking_blocks"):  # merged by litellm from its own chunks
-                answer.thinking = True
-                answer.chunks.append(self.response.completion_stream.chunk_parser(event))
-        if not shown:
-            relay.seen()
-
-    def check(self, event: dict[str, Any]) -> None:
-        """An error event, or a generation the server aborted: raised as litellm raises them."""
-        error = event.get("error")
-        if error:
-            if not isinstance(error, dict):
-                raise self.error(status_code=500, message=str(error))
-            message, code = error.get("message"), error.get("code")
-            status = code if isinstance(code, int) and 400 <= code < 600 else 500
-            raise self.error(
-                status_code=status, message=message if isinstance(message, str) else orjson.dumps(error).decode()
-            )
-        for choice in event.get("choices") or []:
-            if isinstance(choice, dict) and choice.get("finish_reason") == "abort":
+        for choice in event.get("choices") or ():
+            finish = choice.get("finish_reason")
+            if finish == "abort":
                 raise self.error(status_code=500, message="Upstream generation aborted (finish_reason=abort)")
+            if choice.get("index"):  # only the first choice is asked for
+                continue
+            if finish:
+                answer.finish_reason = self.map_finish_reason(finish)
+                self.finished = True
+            delta = choice.get("delta")
+            if delta:
+                self.delta(delta, answer, event)
 
-    @staticmethod
-    def delta(delta: dict[str, Any], answer: Answer, relay: Relay) -> bool:
-        shown = False
-        reasoning = delta["reasoning"] if "reasoning" in delta else delta.get("reasoning_content")
-        if isinstance(reasoning, str) and reasoning:
-            answer.reasoning.append(reasoning)
-            relay.add("reasoning", reasoning)
-            shown = True
+    def failure(self, error: object) -> Exception:
+        """An error event, raised as litellm raises it."""
+        if not isinstance(error, dict):
+            return self.error(status_code=500, message=str(error))
+        message, code = error.get("message"), error.get("code")
+        status = code if isinstance(code, int) and 400 <= code < 600 else 500
+        text = message if isinstance(message, str) else orjson.dumps(error).decode()
+        return self.error(status_code=status, message=text)
+
+    def delta(self, delta: dict[str, Any], answer: Answer, event: dict[str, Any]) -> None:
         content = delta.get("content")
-        if isinstance(content, str) and content:
-            answer.text.append(content)
-            relay.add("text", content)
-            shown = True
-        for tc in delta.get("tool_calls") or []:
+        text = content if content and type(content) is str else None
+        if text is not None and len(delta) == 1:  # a piece of text, as most events are
+            answer.text.append(text)
+            self.pieces.append(("text", text))
+            return
+        reasoning = delta["reasoning"] if "reasoning" in delta else delta.get("reasoning_content")
+        if reasoning and type(reasoning) is str:
+            answer.reasoning.append(reasoning)
+            self.pieces.append(("reasoning", reasoning))
+        if text is not None:
+            answer.text.append(text)
+            self.pieces.append(("text", text))
+        for tc in delta.get("tool_calls") or ():
             call = answer.call(int(tc.get("index") or 0))
             if tc.get("id"):
                 call.id = tc["id"]
@@ -144,7 +148,9 @@ class _Fold:
                     call.name = fn["name"]
                 if fn.get("arguments"):
                     call.arguments.append(fn["arguments"])
-        return shown
+        if delta.get("thinking_blocks"):  # merged by litellm from its own chunks
+            answer.thinking = True
+            answer.chunks.append(self.response.completion_stream.chunk_parser(event))
 
     def finish(self, answer: Answer) -> None:
         """The answer's model, usage and cost, as litellm's wrapper gives them at the end."""
@@ -216,8 +222,10 @@ async def fold(litellm: Any, response: Any, http: Any, answer: Answer, relay: Re
     state = _Fold(litellm, response)
     try:
         try:
-            async for data in data_lines(_unhurried(http.aiter_bytes(), relay.interval)):
-                state.event(data, answer, relay)
+            async for lines in data_lines(_unhurried(http.aiter_bytes(), relay.interval)):
+                for data in lines:
+                    state.event(data, answer)
+                state.hand_over(relay)
         except (httpx.ReadError, httpx.RemoteProtocolError):
             if not state.finished:  # litellm keeps an answer cut off after its finish reason
                 raise

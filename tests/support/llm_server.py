@@ -145,6 +145,8 @@ class LlmServer:
         self.requests: dict[str, list[dict[str, Any]]] = defaultdict(list)
         #: per scenario: streamed answers whose caller went away before their end
         self.cut: dict[str, int] = defaultdict(int)
+        #: per scenario: when (monotonic) its last streamed answer was sent whole
+        self.sent: dict[str, float] = {}
         self._lock = threading.Lock()
         self._httpd = _Server(("127.0.0.1", 0), self._handler())
         self._httpd.daemon_threads = True
@@ -219,6 +221,8 @@ class LlmServer:
                     if not self._stream(frames, reply.chunk_delay):
                         with server._lock:
                             server.cut[name] += 1
+                    else:
+                        server.sent[name] = time.monotonic()
                     return
                 payload = reply.error_body if reply.status != 200 else reply.body(name, turn)
                 data = json.dumps(payload).encode()
