@@ -23,6 +23,7 @@ route (the OpenAI SDK's), a litellm callback registered (it expects every chunk)
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from collections.abc import AsyncIterator
@@ -146,8 +147,9 @@ class _Fold:
             if fn:
                 if fn.get("name"):
                     call.name = fn["name"]
-                if fn.get("arguments"):
-                    call.arguments.append(fn["arguments"])
+                arguments = fn.get("arguments")
+                if arguments:  # an object is sent on as JSON, the way litellm writes it
+                    call.arguments.append(arguments if type(arguments) is str else json.dumps(arguments))
         if delta.get("thinking_blocks"):  # merged by litellm from its own chunks
             answer.thinking = True
             answer.chunks.append(self.response.completion_stream.chunk_parser(event))

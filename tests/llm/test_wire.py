@@ -166,6 +166,13 @@ STREAMS: dict[str, Callable[[], Reply]] = {
             *sse(chunk(finish="eos"), usage(7, 4)),
         ]
     ),
+    "a tool call's arguments sent as an object, an id never sent": lambda: Reply(
+        frames=sse(
+            chunk({"tool_calls": [{"index": 0, "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]}),
+            chunk(finish="tool_calls"),
+            usage(9, 9),
+        )
+    ),
     "provider thinking blocks, merged by litellm": lambda: Reply(
         frames=sse(
             chunk({"thinking_blocks": [{"type": "thinking", "thinking": "Hm, ", "signature": ""}]}),
