@@ -39,7 +39,8 @@ _ready = False
 #: answer, parsed by the same `OpenAIGPTConfig`, for about a fifth less CPU per call: the SDK's
 #: request building, its response models and its httpx layer over litellm's aiohttp transport are
 #: skipped (`bench/probes/http_call.py`: 3.6 → 2.9 ms per call). What the session keeps of an
-#: answer or a failure is the same on both routes (`tests/llm/test_http_route.py`); the SDK's
+#: answer or a failure is the same on both routes (`tests/llm/test_http_route.py`), and on this one
+#: a streamed answer is read off the wire, at a fraction of litellm's CPU (`llm/wire.py`); the SDK's
 #: telemetry headers are not sent, and an `organization` is sent as the header the SDK would send.
 #: Set to `false` in the worker's environment to keep the SDK; left off when `OPENAI_ORGANIZATION`
 #: is set, which only the SDK reads.

@@ -10,10 +10,11 @@ orjson and its delta folded: text, reasoning (`reasoning_content`, or `reasoning
 name it), tool calls by index (the last id and name given, arguments joined), usage, finish reason
 (mapped as litellm maps it). litellm still builds and sends the request, authenticates, and maps a
 failed status before the stream starts; a failure within the stream (an error event, an aborted
-generation, a transport error, a stream that ends before any finish
-reason) is raised as litellm's wrapper raises it, mapped by the wrapper itself. The cost is
-litellm's, priced once from the answer's usage; an answer whose server reported no usage is
-counted by litellm from the joined answer, as its stream builder counts it.
+generation, a transport error, a stream that ends before any finish reason) is raised as
+litellm's wrapper raises it, mapped by the wrapper itself. The cost is litellm's, priced once from
+the answer's usage; an answer whose server reported no usage is counted by litellm from the
+joined answer, as its stream builder counts it. Each network read's pieces reach the relay
+together, and past half a second a stream is read a few times per batch interval, not per token.
 
 Everything else takes litellm's own path (`readable` says None): another provider or another
 route (the OpenAI SDK's), a litellm callback registered (it expects every chunk),
