@@ -14,7 +14,8 @@ process's monotonic clock, seconds).
 With `--tokens N` the final text is N words (`w1 w2 …`, a token each) instead of "done"; a request
 with `"stream": true` is answered as Server-Sent Events, as OpenAI streams: one chunk per token,
 then the finish reason and the usage (`bench/probes/stream_cost.py`); with `--token-ms T`, a chunk
-every T ms, as a model making tokens at that rate.
+every T ms, as a model making tokens at that rate, and a whole answer after N times T ms, when such a
+model would have made all of it.
 """
 
 from __future__ import annotations
@@ -149,6 +150,8 @@ async def handle(
                 if body.get("stream"):
                     await send_stream(writer, stream_frames(payload), token_s)
                     continue
+                if token_s:  # asked whole, the answer is sent once all its tokens are made
+                    await asyncio.sleep(tokens * token_s)
             data = json.dumps(payload).encode()
             writer.write(
                 f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\n{extra}".encode()

@@ -16,7 +16,9 @@ medians and the median of the pairs' CPU ratios (a shared machine drifts between
 - `http`: the local server, streaming the N-token answer one token per chunk as OpenAI does, all
   at once, or answering it whole: the cost of reading a stream through litellm, per chunk;
 - `http_paced`: the same, a chunk every `--token-ms` (20 ms: 50 tokens a second, a provider's pace),
-  so that the answer arrives over seconds and the live output is written in batches by time;
+  so that the answer arrives over seconds and the live output is written in batches by time; its
+  "off" case gets the whole answer when such a model would have made it, N times `--token-ms` later,
+  so that both steps last as long (and hold their leases as long);
 - `http_unwatched`: the `http` case with nobody following: the call is asked for whole, as every
   session of a fleet nobody watches asks it.
 

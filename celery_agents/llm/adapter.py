@@ -23,6 +23,7 @@ from typing import Any
 from celery_agents import observe
 from celery_agents.backoff import exponential_backoff
 from celery_agents.config import Settings
+from celery_agents.llm import wire
 from celery_agents.llm.errors import classify
 from celery_agents.llm.loop import wait_on_loop
 from celery_agents.llm.offline import is_offline, live_parts, register_offline_model
@@ -38,7 +39,8 @@ _ready = False
 #: answer, parsed by the same `OpenAIGPTConfig`, for about a fifth less CPU per call: the SDK's
 #: request building, its response models and its httpx layer over litellm's aiohttp transport are
 #: skipped (`bench/probes/http_call.py`: 3.6 → 2.9 ms per call). What the session keeps of an
-#: answer or a failure is the same on both routes (`tests/llm/test_http_route.py`); the SDK's
+#: answer or a failure is the same on both routes (`tests/llm/test_http_route.py`), and on this one
+#: a streamed answer is read off the wire, at a fraction of litellm's CPU (`llm/wire.py`); the SDK's
 #: telemetry headers are not sent, and an `organization` is sent as the header the SDK would send.
 #: Set to `false` in the worker's environment to keep the SDK; left off when `OPENAI_ORGANIZATION`
 #: is set, which only the SDK reads.
@@ -358,6 +360,10 @@ async def _astream(litellm: Any, kwargs: dict[str, Any], answer: Answer, relay: 
     """Ask for the answer as a stream and read it into `answer`, its pieces into `relay`."""
     with unlogged_unless_heard(litellm):
         response = await litellm.acompletion(stream=True, stream_options={"include_usage": True}, **kwargs)
+        http = wire.readable(litellm, response, listened(litellm))
+        if http is not None:  # read off the wire: litellm's per-chunk work skipped (llm/wire.py)
+            await wire.fold(litellm, response, http, answer, relay)
+            return answer
         async for chunk in response:
             answer.add(chunk, relay)
     answer.reported(getattr(response, "chunks", None))  # litellm's stream keeps the chunks it received
@@ -465,7 +471,7 @@ class LitellmPort:
                 if live is None:
                     response = wait_on_loop(_acall(litellm, kwargs), timeout=bound)
                     return to_llm_turn(response, (time.monotonic() - started) * 1000, time.time())
-                relay = Relay(live.max_chars)
+                relay = Relay(live.max_chars, live.interval)
                 if not (agent.streams and live.watched):  # whole, and still cancelled by an interrupt
                     response = await_answer(_acall(litellm, kwargs), live, relay, bound)
                     return to_llm_turn(response, (time.monotonic() - started) * 1000, time.time())

@@ -4,11 +4,13 @@ in batches, and the whole answer assembled from them as the committed turn.
 The stream is read by a coroutine on the process's model loop (`llm/loop.py`), which only appends
 what arrives to a `Relay`; the step's thread, waiting on the call, writes the relay's pieces to the
 session's live output when a batch is due (`LiveOutput.interval` after its first piece, or once
-`max_chars` wait) and once more when the answer is whole, so an answer costs a few writes however
-many chunks the model sends, and the loop never waits on Redis. The step's thread also watches for
+`max_chars` wait: the loop wakes the thread then, and only then) and once more when the answer is
+whole, so an answer costs a few writes however many chunks the model sends, and the loop never
+waits on Redis. The step's thread also watches for
 an interrupt (a message sent with `--interrupt`): the call is then cancelled on the loop.
 
-The turn is assembled as litellm's `stream_chunk_builder` would (text and reasoning joined, tool
+The turn is assembled (from litellm's chunks here, or off the wire by `llm/wire.py`) as litellm's
+`stream_chunk_builder` would (text and reasoning joined, tool
 calls by index: the last id and name given, arguments joined; usage and cost from the last chunk
 that carries them), without its per-chunk cost; provider thinking blocks, rare and fiddly to merge,
 are left to `stream_chunk_builder` itself.
@@ -16,6 +18,7 @@ are left to `stream_chunk_builder` itself.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import threading
 import time
@@ -30,8 +33,8 @@ from celery_agents.scheduler.ports import DeltaKind, LiveOutput
 class Relay:
     """Pieces of an answer, appended on the model loop and taken by the step's thread."""
 
-    def __init__(self, max_chars: int) -> None:
-        self.max_chars = max_chars
+    def __init__(self, max_chars: int, interval: float) -> None:
+        self.max_chars, self.interval = max_chars, interval
         self.wake = threading.Event()
         self._lock = threading.Lock()
         self._parts: list[tuple[DeltaKind, str]] = []
@@ -42,20 +45,38 @@ class Relay:
         self.last_seen = time.monotonic()
 
     def add(self, kind: DeltaKind, text: str) -> None:
+        self.add_all([(kind, text)])
+
+    def add_all(self, pieces: list[tuple[DeltaKind, str]]) -> None:
+        """Append pieces that arrived together (one read of a stream) at once."""
         with self._lock:
             first = not self._parts
-            if self._parts and self._parts[-1][0] == kind:
-                self._parts[-1] = (kind, self._parts[-1][1] + text)
-            else:
-                self._parts.append((kind, text))
-            self._chars += len(text)
+            parts = self._parts
+            for kind, text in pieces:
+                if parts and parts[-1][0] == kind:
+                    parts[-1] = (kind, parts[-1][1] + text)
+                else:
+                    parts.append((kind, text))
+                self._chars += len(text)
             now = time.monotonic()
             self.last_seen = now
             if first:
                 self.since = now
             full = self._chars >= self.max_chars
-        if first or full:
+        if full:
             self.wake.set()
+        elif first:
+            self._wake_when_due()
+
+    def _wake_when_due(self) -> None:
+        """Wake the step's thread when the batch begun now falls due, not now: a timer on the loop
+        costs less than a thread woken twice a batch."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # not on a loop: the waiting thread times the batch itself
+            self.wake.set()
+            return
+        loop.call_later(self.interval, self.wake.set)
 
     def due(self, interval: float, now: float) -> bool:
         with self._lock:
@@ -96,6 +117,13 @@ class Answer:
     @property
     def chars(self) -> int:
         return sum(len(t) for t in self.text) + sum(len(r) for r in self.reasoning)
+
+    def call(self, index: int) -> _Call:
+        """The tool call at `index`, begun when first named."""
+        call = self.calls.get(index)
+        if call is None:
+            call = self.calls[index] = _Call()
+        return call
 
     def add(self, chunk: Any, relay: Relay) -> None:
         self.chunks.append(chunk)

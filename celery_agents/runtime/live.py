@@ -27,8 +27,9 @@ DeltaHook = Callable[[dict[str, Any]], None]
 
 #: the most batches one step writes (the rest of a very long answer is not streamed)
 MAX_WRITES = 1000
-#: the most characters one delta event carries
-MAX_CHARS = 2048
+#: the most characters one delta event carries, and the most a batch waits for before its
+#: interval: a 500-token answer arriving at once (~2,400 characters) is one event, one `XADD`
+MAX_CHARS = 8192
 
 _TYPES: dict[DeltaKind, str] = {"text": EventType.TEXT_DELTA.value, "reasoning": EventType.REASONING_DELTA.value}
 
@@ -49,7 +50,7 @@ class SessionLive:
     ) -> None:
         """`read`: how many queued messages the step read (an interrupt for one of them is not one);
         `watched`: someone follows the session's events, so its answer streams (unwatched, it is
-        asked for whole: streaming costs ~0.35 ms of CPU per chunk in litellm)."""
+        asked for whole: a streamed answer costs more CPU, docs/performance.md)."""
         self.store, self.session_id, self.version = store, session_id, version
         self.watched = watched
         self.interval = store.settings.stream_flush_ms / 1000

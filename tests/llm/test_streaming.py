@@ -162,3 +162,29 @@ def test_an_interrupt_before_the_call_asks_nothing(llm_server: LlmServer) -> Non
         port().complete(req)
     assert not caught.value.called
     assert llm_server.count(scenario) == 0
+
+
+def test_the_waiting_thread_is_woken_when_a_batch_is_due_not_at_each_piece() -> None:
+    """Pieces arriving on the model loop do not wake the step's thread one by one: it is woken
+    once the batch's interval has passed, or at once when `max_chars` wait."""
+    import asyncio
+
+    from celery_agents.llm.stream import Relay
+
+    async def feed(relay: Relay, pieces: int) -> list[bool]:
+        woken = []
+        for _ in range(pieces):
+            relay.add("text", "abc")
+            await asyncio.sleep(0)
+            woken.append(relay.wake.is_set())
+        woken.append(await asyncio.to_thread(relay.wake.wait, 5))
+        return woken
+
+    relay = Relay(max_chars=1000, interval=0.2)
+    started = time.monotonic()
+    *early, due = asyncio.run(feed(relay, 20))
+    assert not any(early) and due
+    assert time.monotonic() - started >= 0.2
+    full = Relay(max_chars=30, interval=60)
+    *early, due = asyncio.run(feed(full, 10))
+    assert not any(early[:9]) and early[9], "woken at once by the tenth piece, the 30th character"

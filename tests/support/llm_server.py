@@ -40,6 +40,9 @@ class Reply:
     #: streamed: characters per piece, and the pause between pieces (s)
     chunk_chars: int = 4
     chunk_delay: float = 0.0
+    #: streamed: these exact bytes, each one write of the body (no `[DONE]` added), instead of
+    #: the chunks of the answer above
+    frames: list[bytes] | None = None
 
     def body(self, model: str, turn: int) -> dict[str, Any]:
         calls = []
@@ -142,6 +145,8 @@ class LlmServer:
         self.requests: dict[str, list[dict[str, Any]]] = defaultdict(list)
         #: per scenario: streamed answers whose caller went away before their end
         self.cut: dict[str, int] = defaultdict(int)
+        #: per scenario: when (monotonic) its last streamed answer was sent whole
+        self.sent: dict[str, float] = {}
         self._lock = threading.Lock()
         self._httpd = _Server(("127.0.0.1", 0), self._handler())
         self._httpd.daemon_threads = True
@@ -209,9 +214,15 @@ class LlmServer:
                     time.sleep(reply.delay)
                 if body.get("stream") and reply.status == 200:
                     usage = bool((body.get("stream_options") or {}).get("include_usage"))
-                    if not self._stream(reply.chunks(name, turn, usage), reply.chunk_delay):
+                    frames = reply.frames
+                    if frames is None:
+                        chunks = reply.chunks(name, turn, usage)
+                        frames = [f"data: {json.dumps(c)}\n\n".encode() for c in chunks] + [b"data: [DONE]\n\n"]
+                    if not self._stream(frames, reply.chunk_delay):
                         with server._lock:
                             server.cut[name] += 1
+                    else:
+                        server.sent[name] = time.monotonic()
                     return
                 payload = reply.error_body if reply.status != 200 else reply.body(name, turn)
                 data = json.dumps(payload).encode()
@@ -224,13 +235,12 @@ class LlmServer:
                 with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the caller went away
                     self.wfile.write(data)
 
-            def _stream(self, chunks: list[dict[str, Any]], pause: float) -> bool:
-                """Send `chunks` as Server-Sent Events (chunked encoding); False if the caller left."""
+            def _stream(self, frames: list[bytes], pause: float) -> bool:
+                """Send `frames` of Server-Sent Events (chunked encoding); False if the caller left."""
                 self.send_response(200)
                 self.send_header("content-type", "text/event-stream")
                 self.send_header("transfer-encoding", "chunked")
                 self.end_headers()
-                frames = [f"data: {json.dumps(c)}\n\n".encode() for c in chunks] + [b"data: [DONE]\n\n"]
                 try:
                     for i, frame in enumerate(frames):
                         if i and pause:
