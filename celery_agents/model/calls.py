@@ -161,6 +161,7 @@ class TrackedCall(BaseModel):
     call_id: str
     tool: str
     arguments: Any = None
+    #: the model's text of the arguments, kept only when it did not parse (its turn holds it anyway)
     raw_arguments: str = "{}"
     batch: int
     position: int

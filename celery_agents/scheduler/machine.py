@@ -439,7 +439,8 @@ def _track(snap: Snapshot, turn: LlmTurn, position: int, now: float, ports: Port
         call_id=tc.id,
         tool=tc.name,
         arguments=args,
-        raw_arguments=tc.arguments,
+        # The model's text of them is in its turn: a call keeps it only when it did not parse.
+        raw_arguments=tc.arguments if arg_error is not None else "{}",
         batch=len(snap.turns) - 1,
         position=position,
         disposition=disp.tag,

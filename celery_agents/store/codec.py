@@ -77,8 +77,8 @@ def outcome_json(
 
 
 def event_at(eid: str, fields: dict[str, str]) -> float:
-    """When an event was written (Redis's clock, s): its `at`, or for an event written as a script's
-    clock (no `at`: store/lua/_lib.lua) the milliseconds of its stream id."""
+    """When an event was written (Redis's clock, s): the milliseconds of its stream id, or its `at`
+    where a test gave the script its time (store/lua/_lib.lua)."""
     at = fields.get("at")
     return float(at) if at is not None else int(eid.partition("-")[0]) / 1000
 

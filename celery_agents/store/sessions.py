@@ -12,7 +12,7 @@ from celery_agents.model import AgentSpec, Budget, CallState, SessionHeader, Tra
 from celery_agents.model.admission import DEFAULT_PRIORITY, PRIORITY_MAX, PRIORITY_MIN
 from celery_agents.store.codec import outcome_json, turn_digest
 from celery_agents.store.core import StoreCore
-from celery_agents.store.header import header_from_hash, header_to_hash
+from celery_agents.store.header import header_from_hash, header_to_stored
 from celery_agents.store.ids import SESSION_ID, check_session_id, new_session_id, parse_token
 from celery_agents.store.keys import STORED_STATES
 from celery_agents.store.records import Sent
@@ -67,7 +67,7 @@ class SessionStore(StoreCore):
             "create_session",
             sid,
             [
-                json.dumps(header_to_hash(header)),
+                json.dumps(header_to_stored(header)),
                 first_turn,
                 spec_json,
                 "1" if owe else "0",

@@ -5,6 +5,7 @@ of keeping the 4 KB Redis gives a new stream node; the stream goes on as before 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 from bench.harness import DEFER_AGENT
 from celery_agents import Client
 from celery_agents.config import Settings
+from celery_agents.store.header import SPARSE
 from celery_agents.tools.resolve import parse_agent
 from tests.support.redis_server import RedisServer
 
@@ -39,6 +41,40 @@ def test_a_paused_sessions_header_and_versions_are_compact_hashes(paused: tuple[
     keys = client.store.keys
     assert encoding(client, keys.meta(sid)) in ("listpack", "ziplist")
     assert encoding(client, keys.versions(sid)) in ("listpack", "ziplist")
+
+
+def test_a_paused_sessions_events_all_have_the_fields_of_the_first(paused: tuple[Client, str]) -> None:
+    """Redis stores the field names of a stream's entries once per node when they are those of its
+    first entry: every event is `type`, `version`, `data`; its time is its id's."""
+    client, sid = paused
+    entries = client.store.client.xrange(client.store.keys.events(sid))
+    assert len(entries) >= 5 and all(list(fields) == ["type", "version", "data"] for _, fields in entries)
+    events = list(client.events(sid))
+    assert all(e["at"] == int(e["id"].split("-")[0]) / 1000 for e in events)
+    assert [e["type"] for e in events][-2:] == ["token_created", "step_committed"]
+
+
+def test_a_deferred_calls_token_and_call_hold_nothing_twice(paused: tuple[Client, str]) -> None:
+    """The token's hash holds what its scripts read (not the session its key names, nor empty
+    fields); the call keeps the model's text of its arguments only when it did not parse (its
+    turn holds it)."""
+    client, sid = paused
+    r, keys = client.store.client, client.store.keys
+    (pending,) = client.pending(sid)
+    assert pending.token is not None
+    held = r.hgetall(keys.token(sid, pending.token.split(".", 1)[1]))
+    assert set(held) == {"field", "state", "expires_ms", "call_id", "tool", "digest", "reason"}
+    call = json.loads(r.hget(keys.calls(sid), held["field"]))
+    assert "raw_arguments" not in call and call["arguments"] == pending.arguments
+
+
+def test_a_paused_sessions_header_holds_no_field_at_its_default(paused: tuple[Client, str]) -> None:
+    client, sid = paused
+    stored = client.store.client.hgetall(client.store.keys.meta(sid))
+    assert SPARSE & set(stored) == {"usage"}, "of those that may be left out, only what its model call used"
+    assert "spent_tool_calls" not in stored, "a spend that is none is not written"
+    header = client.store.header(sid)
+    assert header.parent is None and header.error is None and header.priority == 5 and header.inbox_waiting == 0
 
 
 def test_a_paused_sessions_events_take_what_they_hold_not_a_whole_stream_node(paused: tuple[Client, str]) -> None:
