@@ -439,8 +439,7 @@ def _track(snap: Snapshot, turn: LlmTurn, position: int, now: float, ports: Port
         call_id=tc.id,
         tool=tc.name,
         arguments=args,
-        # The model's text of them is in its turn: a call keeps it only when it did not parse.
-        raw_arguments=tc.arguments if arg_error is not None else "{}",
+        raw_arguments=tc.arguments,
         batch=len(snap.turns) - 1,
         position=position,
         disposition=disp.tag,

@@ -81,7 +81,7 @@ class CommitRecord:
         call of the script (a retry after a lost reply resends it and gets the first reply back);
         `lease_ms` is how long a lease lasts (another worker's lease found is put back with it)."""
         control = self._control(attempt, lease_ms)
-        return [control, *self.turn_jsons, *(c.model_dump_json(exclude_defaults=True) for c in self.calls)]
+        return [control, *self.turn_jsons, *(c.stored_json() for c in self.calls)]
 
     def _control(self, attempt: str, lease_ms: int) -> str:
         body: dict[str, Any] = {

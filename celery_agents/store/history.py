@@ -193,7 +193,7 @@ class HistoryStore(StoreCore):
                 sign_spec(self.settings.spec_key, spec_json) if self.settings.spec_key else "",
                 record.to_args(),
                 *record.turn_jsons,
-                *(c.model_dump_json(exclude_defaults=True) for c in calls),
+                *(c.stored_json() for c in calls),
             ],
             extra_keys=(
                 k.agent(content_hash),

@@ -112,7 +112,7 @@ end
 local function state_from_head()
   local head = redis.call('HGET', K.meta, 'head')
   if head == 'LlmTurn' then return 'tools' end
-  if head == 'PartialUserTurn' and redis.call('SCARD', K.pending) > 0 then return 'waiting' end
+  if head == 'PartialUserTurn' and redis.call('HLEN', K.pending) > 0 then return 'waiting' end
   return 'ready'
 end
 
@@ -142,11 +142,11 @@ end
 -- Returns nil if the call was not unfinished, else {remaining, woken, version, priority} (the
 -- session's priority: a wake is published with it).
 local function finish_call(field, outcome, event_kind, event_data)
-  if redis.call('SREM', K.pending, field) == 0 then return nil end
+  if redis.call('HDEL', K.pending, field) == 0 then return nil end
   redis.call('HSET', K.results, field, outcome)
   unindex_call(field)
   emit(event_kind, event_data)
-  local remaining = redis.call('SCARD', K.pending)
+  local remaining = redis.call('HLEN', K.pending)
   local woken = 0
   local m = redis.call('HMGET', K.meta, 'status', 'head', 'drive', 'version', 'priority')
   if remaining == 0 and m[1] == 'active' and m[2] == 'PartialUserTurn' then

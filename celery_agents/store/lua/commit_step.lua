@@ -128,10 +128,11 @@ write_turns_and_calls(c, 4)
 local members, scored = {}, {}
 for _, p in ipairs(c.pending) do
   members[#members + 1] = p[1]
+  members[#members + 1] = ''
   scored[#scored + 1] = p[2]
   scored[#scored + 1] = SID .. ' ' .. p[1]
 end
-in_slices('SADD', K.pending, members)
+in_slices('HSET', K.pending, members)
 in_slices('ZADD', K.pending_all, scored)
 local dispatched = {}
 for _, field in ipairs(c.dispatched) do

@@ -20,7 +20,7 @@ redis.call('HSET', K.meta, 'created_at', NOW)
 if c.batch >= 0 then redis.call('HSET', K.meta, 'batch', c.batch, 'batch_size', c.batch_size) end
 write_turns_and_calls(c, 7)
 for _, p in ipairs(c.pending) do
-  redis.call('SADD', K.pending, p[1])
+  redis.call('HSET', K.pending, p[1], '')
   redis.call('ZADD', K.pending_all, p[2], SID .. ' ' .. p[1])
 end
 for _, field in ipairs(c.dispatched) do redis.call('ZADD', K.dispatched, NOW_MS, SID .. ' ' .. field) end
