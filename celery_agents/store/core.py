@@ -132,7 +132,7 @@ class StoreCore:
         data = cast("dict[str, str]", self.through_outage(lambda: self.client.hgetall(key)))
         if not data:
             raise UnknownSession(f"unknown session {session_id!r}", session_id=session_id)
-        return header_from_hash(data)
+        return header_from_hash(data, session_id)
 
     def check_format(self) -> None:
         """Refuse a Redis whose data under this prefix has another stored format than this

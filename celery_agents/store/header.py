@@ -152,8 +152,11 @@ def header_to_hash(h: SessionHeader) -> dict[str, str]:
 
 def header_to_stored(h: SessionHeader) -> dict[str, str]:
     """The hash a session is written as when it is made: `header_to_hash` without the fields of
-    `SPARSE` at their default."""
-    return {name: text for name, text in header_to_hash(h).items() if _DEFAULT_TEXT.get(name) != text}
+    `SPARSE` at their default, nor the session's id (its key names it: `header_from_hash` takes
+    it from the caller)."""
+    stored = header_to_hash(h)
+    del stored["session_id"]
+    return {name: text for name, text in stored.items() if _DEFAULT_TEXT.get(name) != text}
 
 
 def sparse_update(before: dict[str, str], after: dict[str, str]) -> dict[str, str]:
@@ -166,8 +169,11 @@ def sparse_update(before: dict[str, str], after: dict[str, str]) -> dict[str, st
     }
 
 
-def header_from_hash(d: dict[str, str]) -> SessionHeader:
-    """The header a hash holds; fields it lacks take their defaults (None where they may be None)."""
+def header_from_hash(d: dict[str, str], session_id: str = "") -> SessionHeader:
+    """The header a hash holds, of the session `session_id` (the hash of a session made by an
+    earlier release names it too); fields it lacks take their defaults (None where they may be None)."""
+    if session_id:
+        d = {**d, "session_id": session_id}
     values: dict[str, Any] = {}
     for f in _FIELDS:
         raw = d.get(f.name, "")

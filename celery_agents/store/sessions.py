@@ -299,14 +299,14 @@ class SessionStore(StoreCore):
         pipe = self.client.pipeline(transaction=False)
         for sid in ids:
             pipe.hgetall(self.keys.meta(sid))
-        return [header_from_hash(d) for d in pipe.execute() if d]
+        return [header_from_hash(d, sid) for sid, d in zip(ids, pipe.execute(), strict=True) if d]
 
     def headers(self, session_ids: list[str]) -> dict[str, SessionHeader]:
         """The headers of the sessions named that still exist, in one pipelined round trip."""
         pipe = self.client.pipeline(transaction=False)
         for sid in session_ids:
             pipe.hgetall(self.keys.meta(sid))
-        return {sid: header_from_hash(d) for sid, d in zip(session_ids, pipe.execute(), strict=True) if d}
+        return {sid: header_from_hash(d, sid) for sid, d in zip(session_ids, pipe.execute(), strict=True) if d}
 
     def state_counts(self) -> dict[str, int]:
         """Sessions per stored state, from the state indexes (one round trip, never a scan)."""

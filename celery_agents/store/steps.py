@@ -46,7 +46,7 @@ class StepStore(LimitStore, BudgetStore):
 
     def _loaded(self, session_id: str, payload: list[Any], seen: Transcript | None) -> Loaded:
         flat, raw_turns, raw_calls, raw_results, holder, journal, inbox = payload
-        header = header_from_hash(dict(zip(flat[::2], flat[1::2], strict=True)))
+        header = header_from_hash(dict(zip(flat[::2], flat[1::2], strict=True)), session_id)
         turns = self._transcript(session_id, header, raw_turns, seen)
         calls = [merge_outcome(c, r) for c, r in zip(raw_calls, raw_results, strict=True) if c]
         return Loaded(
