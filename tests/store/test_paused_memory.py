@@ -1,7 +1,8 @@
 """What a paused session costs in Redis (bench key `paused_session_bytes`): the session waiting on
-a deferred call, as bench/paused_memory.py measures it. Its header and its versions stay compact
-hashes (listpacks), and its events stream is rewritten at its size when it starts to wait, instead
-of keeping the 4 KB Redis gives a new stream node; the stream goes on as before afterwards."""
+a deferred call, as bench/paused_memory.py measures it. Its header, its versions and its pending
+calls stay compact hashes (listpacks), nothing is stored twice or at its default, and its events
+stream is rewritten at its size when it starts to wait, instead of keeping the 4 KB Redis gives a
+new stream node; the stream goes on as before afterwards."""
 
 from __future__ import annotations
 
@@ -147,9 +148,11 @@ def test_a_long_summary_is_cut_within_a_compact_hash_value(settings: Settings) -
 
 
 @pytest.mark.parametrize("binary", ["/usr/bin/redis-server"])
-def test_on_redis_7_a_paused_session_costs_under_6_kb(binary: str, tmp_path: object, prefix: str) -> None:
+def test_on_redis_7_a_paused_session_costs_under_5_25_kb(binary: str, tmp_path: object, prefix: str) -> None:
     """The whole of it, as the bench counts it: MEMORY USAGE of its keys, and what its index
-    entries add to indexes big enough to be Redis's large encodings."""
+    entries add to indexes big enough to be Redis's large encodings. Its keys take the same bytes
+    every time (4,312 under this prefix); the index entries vary with the levels Redis draws for
+    their skiplist nodes (~720-800). The goal, 4,096, is not met (docs/performance.md)."""
     from bench.paused_memory import paused_session_bytes
 
     if not Path(binary).exists():
@@ -159,8 +162,10 @@ def test_on_redis_7_a_paused_session_costs_under_6_kb(binary: str, tmp_path: obj
         figures = paused_session_bytes(server.url, prefix, Path(str(tmp_path)) / "home")
     finally:
         server.stop(kill=True)
-    assert figures["paused_session_bytes"] <= 6 * 1024, figures
-    assert set(figures["paused_session_keys"]) >= {"meta", "turns", "calls", "events", "versions", "pending", "token"}
+    keys = figures["paused_session_keys"]
+    assert set(keys) == {"meta", "turns", "calls", "events", "versions", "pending", "token"}
+    assert sum(keys.values()) <= 4_352, keys
+    assert figures["paused_session_bytes"] <= 5 * 1024 + 256, figures
 
 
 def test_a_user_not_allowed_restore_still_commits_the_step_that_waits(tmp_path: object, prefix: str) -> None:
