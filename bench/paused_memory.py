@@ -15,7 +15,11 @@ would leave it. Counted:
 
 from __future__ import annotations
 
+import json
+import os
 import secrets
+import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -91,3 +95,21 @@ def _entry_cost(r: Any, index: str, sid: str, prefix: str) -> int:
 def measure(url: str, prefix: str, home: Path) -> dict[str, Any]:
     """The bench keys of this phase, on the Redis at `url` under `prefix`."""
     return paused_session_bytes(url, f"{prefix}-paused", home)
+
+
+def main() -> int:
+    """`python bench/paused_memory.py`: the figure alone, on a private redis-server (`REDIS_SERVER`,
+    else the system's), under a prefix like bench/run.py's; one JSON object."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    from bench.processes import Processes
+
+    with Processes() as procs:
+        url = procs.redis_server()
+        result = measure(url, f"bench{uuid.uuid4().hex[:8]}", procs.dir / "paused-home")
+    json.dump(result, sys.stdout, indent=1)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

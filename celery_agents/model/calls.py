@@ -161,6 +161,9 @@ class TrackedCall(BaseModel):
     call_id: str
     tool: str
     arguments: Any = None
+    #: the model's text of the arguments (what it asked, whatever an approval made of `arguments`);
+    #: stored only when it does not parse to `arguments` (`stored_json`), else read back as their
+    #: JSON (`with_raw_arguments`): the model's exact text is in its turn
     raw_arguments: str = "{}"
     batch: int
     position: int
@@ -185,6 +188,19 @@ class TrackedCall(BaseModel):
     traceparent: str | None = None
     meta: CallMeta = Field(default_factory=CallMeta)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _raw_arguments_read_back(cls, data: Any) -> Any:
+        return with_raw_arguments(data) if isinstance(data, dict) else data
+
+    def stored_json(self) -> str:
+        """The call as its session stores it: its fields but their defaults, and its arguments'
+        text only when it says more than the arguments (they did not parse)."""
+        stored = self.model_dump(mode="json", exclude_defaults=True)
+        if self.arguments is not None and "raw_arguments" in stored and _parses_to(self.raw_arguments, self.arguments):
+            del stored["raw_arguments"]
+        return json.dumps(stored, ensure_ascii=False, separators=(",", ":"))
+
     @property
     def runs_as(self) -> DispositionTag:
         """The disposition the call runs under: an approval gate's `then`, else its own."""
@@ -202,6 +218,22 @@ class TrackedCall(BaseModel):
         """What a decision on the call is bound to: lowercase hex SHA-256 of the canonical JSON
         `{"arguments": ..., "tool": ...}` (keys sorted, no spaces)."""
         return call_digest(self.tool, self.arguments)
+
+
+def with_raw_arguments(data: dict[str, Any]) -> dict[str, Any]:
+    """A stored call's JSON object with `raw_arguments` read back where it was left out (its
+    arguments parsed: their JSON). Apply it before laying an outcome over the call, whose
+    `arguments` may be an approval's edit."""
+    if "raw_arguments" in data or data.get("arguments") is None:
+        return data
+    return {**data, "raw_arguments": json.dumps(data["arguments"], ensure_ascii=False)}
+
+
+def _parses_to(text: str, arguments: Any) -> bool:
+    try:
+        return bool(json.loads(text) == arguments)
+    except ValueError:
+        return False
 
 
 def call_digest(tool: str, arguments: Any) -> str:

@@ -81,7 +81,7 @@ def run_call(store: Store, session_id: str, field: str, tools: ToolPort, owner: 
         started = time.time()
 
         def still_wanted() -> bool:
-            # A cancelled session empties its pending set: then the call's processes are killed.
+            # A cancelled session empties its pending calls: then the call's processes are killed.
             return store.call_pending(session_id, field)
 
         with observe.tallying() as tally, observe.tool_call(agent, call) as watch:

@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import ConfigDict, TypeAdapter
 
 from celery_agents.model import CallMeta, CallState, LlmTurn, PendingCall, StoredTurn, TrackedCall, UserTurn
+from celery_agents.model.calls import with_raw_arguments
 
 # Built on first use, like the turn models: commands that read no transcript (`pending`) skip it.
 STORED_TURN: TypeAdapter[UserTurn | LlmTurn] = TypeAdapter(StoredTurn, config=ConfigDict(defer_build=True))
@@ -30,7 +31,7 @@ def turn_digest(previous: str, raw_turns: list[str]) -> str:
 
 
 def merge_outcome(call_json: str, outcome_json: str | None) -> TrackedCall:
-    data = json.loads(call_json)
+    data = with_raw_arguments(json.loads(call_json))
     if outcome_json:
         data.update(json.loads(outcome_json))
     return TrackedCall.model_validate(data)
@@ -77,8 +78,8 @@ def outcome_json(
 
 
 def event_at(eid: str, fields: dict[str, str]) -> float:
-    """When an event was written (Redis's clock, s): its `at`, or for an event written as a script's
-    clock (no `at`: store/lua/_lib.lua) the milliseconds of its stream id."""
+    """When an event was written (Redis's clock, s): the milliseconds of its stream id, or its `at`
+    where a test gave the script its time (store/lua/_lib.lua)."""
     at = fields.get("at")
     return float(at) if at is not None else int(eid.partition("-")[0]) / 1000
 

@@ -16,7 +16,7 @@ from celery_agents.model import CallState, LlmTurn, SessionHeader, Spend, State,
 from celery_agents.store.budget import HeldClaim
 from celery_agents.store.codec import turn_digest
 from celery_agents.store.counters import CounterKey, counter_field
-from celery_agents.store.header import ERROR_CODE, header_to_hash
+from celery_agents.store.header import ERROR_CODE, header_to_hash, sparse_update
 from celery_agents.store.summary import step_summary
 
 if TYPE_CHECKING:  # the scheduler is imported by steps, not by commands that only read
@@ -81,7 +81,7 @@ class CommitRecord:
         call of the script (a retry after a lost reply resends it and gets the first reply back);
         `lease_ms` is how long a lease lasts (another worker's lease found is put back with it)."""
         control = self._control(attempt, lease_ms)
-        return [control, *self.turn_jsons, *(c.model_dump_json(exclude_defaults=True) for c in self.calls)]
+        return [control, *self.turn_jsons, *(c.stored_json() for c in self.calls)]
 
     def _control(self, attempt: str, lease_ms: int) -> str:
         body: dict[str, Any] = {
@@ -171,11 +171,11 @@ def commit_record(
         turns=tuple(t.new_turns),
         turn_jsons=turn_jsons,
         calls=written,
-        meta={name: stored[name] for name in _SET_FIELDS},
+        meta=sparse_update(header_to_hash(header), {name: stored[name] for name in _SET_FIELDS}),
         state=t.state,
         steps_inc=1 if t.counts_as_step else 0,
         owe=t.status == Status.ACTIVE and t.state.owes_step,
-        events=tuple((e.type, json.dumps(e.data, ensure_ascii=False)) for e in t.events),
+        events=tuple((e.type, json.dumps(e.data, ensure_ascii=False, separators=(",", ":"))) for e in t.events),
         base_turn_count=header.turn_count,
         base_digest=header.turns_digest,
         inbox_taken=t.inbox_taken,

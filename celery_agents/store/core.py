@@ -33,7 +33,7 @@ T = TypeVar("T")
 #: The layout of what celery-agents stores under its prefix (keys, header fields, the JSON of
 #: turns, calls and events), kept in `<prefix>:format`. A release that changes the layout raises
 #: it; 0.x releases do not migrate older data (docs/architecture.md, "Stored format").
-STORED_FORMAT = 2
+STORED_FORMAT = 3
 
 
 class StoreCore:
@@ -132,7 +132,7 @@ class StoreCore:
         data = cast("dict[str, str]", self.through_outage(lambda: self.client.hgetall(key)))
         if not data:
             raise UnknownSession(f"unknown session {session_id!r}", session_id=session_id)
-        return header_from_hash(data)
+        return header_from_hash(data, session_id)
 
     def check_format(self) -> None:
         """Refuse a Redis whose data under this prefix has another stored format than this
@@ -203,7 +203,7 @@ class StoreCore:
         """The session's unfinished calls in the model's order, each with whether a worker (or
         the CLI) has started running it."""
         check_session_id(session_id)
-        fields = sorted(cast("set[str]", self.client.smembers(self.keys.pending(session_id))))
+        fields = sorted(cast("list[str]", self.client.hkeys(self.keys.pending(session_id))))
         if not fields:
             if not self.client.exists(self.keys.meta(session_id)):
                 raise UnknownSession(f"unknown session {session_id!r}", session_id=session_id)

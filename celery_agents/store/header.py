@@ -12,6 +12,11 @@ Adding a field to `SessionHeader` needs nothing here. `spent` is the exception: 
 defaults left out), not as its object: Redis keeps a hash compact (a listpack, a third of a
 hashtable's memory) only while every value is at most `hash-max-listpack-value` (64) bytes, and
 the object's field names alone pass that.
+
+The fields of `SPARSE` are left out of the hash while they hold their default (`header_to_stored`,
+`sparse_update`): most sessions keep them so for good (no parent, no budget, no error...), and
+each costs its name and value in every header. Every script that reads one of them takes it absent
+as its default (`priority` as 5, `inbox_waiting` as 0, the others as none).
 """
 
 from __future__ import annotations
@@ -106,6 +111,38 @@ def _value(f: _Field, raw: str) -> Any:
     return raw
 
 
+#: left out of the hash while at their default (read back as it)
+SPARSE = frozenset(
+    {
+        "execution_mode",
+        "usage",
+        "error",
+        ERROR_CODE,
+        "response",
+        "inbox_waiting",
+        "parent",
+        "parent_call",
+        "grants",
+        "budget",
+        "ancestors",
+        "bounded_by",
+        "forked_from",
+        "forked_at",
+        "replays",
+        "priority",
+        "throttled_until",
+    }
+)
+
+
+def _default_text(f: _Field) -> str:
+    info = SessionHeader.model_fields[f.name]
+    return _text(f, info.get_default(call_default_factory=True))
+
+
+_DEFAULT_TEXT = {f.name: _default_text(f) for f in _FIELDS if f.name in SPARSE} | {ERROR_CODE: ""}
+
+
 def header_to_hash(h: SessionHeader) -> dict[str, str]:
     """Every field of `h` as the text its hash field holds, and the error's code."""
     stored = {f.name: _text(f, getattr(h, f.name)) for f in _FIELDS}
@@ -113,8 +150,30 @@ def header_to_hash(h: SessionHeader) -> dict[str, str]:
     return stored
 
 
-def header_from_hash(d: dict[str, str]) -> SessionHeader:
-    """The header a hash holds; fields it lacks take their defaults (None where they may be None)."""
+def header_to_stored(h: SessionHeader) -> dict[str, str]:
+    """The hash a session is written as when it is made: `header_to_hash` without the fields of
+    `SPARSE` at their default, nor the session's id (its key names it: `header_from_hash` takes
+    it from the caller)."""
+    stored = header_to_hash(h)
+    del stored["session_id"]
+    return {name: text for name, text in stored.items() if _DEFAULT_TEXT.get(name) != text}
+
+
+def sparse_update(before: dict[str, str], after: dict[str, str]) -> dict[str, str]:
+    """The fields of `after` to write over a hash that holds `before` (both `header_to_hash`
+    texts): all but those of `SPARSE` at their default in both (absent, they stay so)."""
+    return {
+        name: text
+        for name, text in after.items()
+        if name not in _DEFAULT_TEXT or text != _DEFAULT_TEXT[name] or before.get(name, text) != text
+    }
+
+
+def header_from_hash(d: dict[str, str], session_id: str = "") -> SessionHeader:
+    """The header a hash holds, of the session `session_id` (the hash of a session made by an
+    earlier release names it too); fields it lacks take their defaults (None where they may be None)."""
+    if session_id:
+        d = {**d, "session_id": session_id}
     values: dict[str, Any] = {}
     for f in _FIELDS:
         raw = d.get(f.name, "")

@@ -38,7 +38,7 @@ from celery_agents.model import (
 from celery_agents.store.codec import STORED_TURN, merge_outcome, turn_digest
 from celery_agents.store.commit import token_record
 from celery_agents.store.core import StoreCore
-from celery_agents.store.header import header_to_hash
+from celery_agents.store.header import header_to_stored
 from celery_agents.store.ids import check_session_id, new_session_id, new_token
 from celery_agents.store.signing import sign_spec
 
@@ -188,12 +188,12 @@ class HistoryStore(StoreCore):
             "fork_session",
             sid,
             [
-                json.dumps(header_to_hash(header)),
+                json.dumps(header_to_stored(header)),
                 spec_json,
                 sign_spec(self.settings.spec_key, spec_json) if self.settings.spec_key else "",
                 record.to_args(),
                 *record.turn_jsons,
-                *(c.model_dump_json(exclude_defaults=True) for c in calls),
+                *(c.stored_json() for c in calls),
             ],
             extra_keys=(
                 k.agent(content_hash),

@@ -66,7 +66,8 @@ class Keys:
         return self.session(sid, "results")
 
     def pending(self, sid: str) -> str:
-        """Set of call fields still unfinished."""
+        """Hash of the fields of the calls still unfinished (each to an empty value: a hash of
+        short fields is a listpack, a set of them a hashtable)."""
         return self.session(sid, "pending")
 
     def journal(self, sid: str) -> str:

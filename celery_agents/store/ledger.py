@@ -76,7 +76,7 @@ class CallLedger:
         k = self.keys
         pipe = self.client.pipeline(transaction=False)
         pipe.hget(k.calls(session_id), field)
-        pipe.sismember(k.pending(session_id), field)
+        pipe.hexists(k.pending(session_id), field)
         pipe.hmget(k.meta(session_id), ["agent_hash", "status", "grants"])
         raw, is_pending, (agent_hash, status, grants) = pipe.execute()
         if raw is None or agent_hash is None:
@@ -140,8 +140,8 @@ class CallLedger:
         self.acks.answered(pipe.execute()[1])
 
     def call_pending(self, session_id: str, field: str) -> bool:
-        """The call is unfinished and wanted (a cancelled session empties its pending set)."""
-        return bool(self.client.sismember(self.keys.pending(session_id), field))
+        """The call is unfinished and wanted (a cancelled session empties its pending calls)."""
+        return bool(self.client.hexists(self.keys.pending(session_id), field))
 
     def call_leased(self, session_id: str, field: str) -> bool:
         """Some worker (or CLI) runs the call now."""

@@ -74,7 +74,7 @@ class RecoveryReads:
             pipe.hmget(k.meta(sid), ["version", "status", "owed_version", "picked"])
             pipe.exists(k.lease(sid))
         for sid, field in calls:
-            pipe.sismember(k.pending(sid), field)
+            pipe.hexists(k.pending(sid), field)
             pipe.exists(k.call_lease(sid, field))
             pipe.exists(k.call_started(sid, field))
         rows = iter(pipe.execute())

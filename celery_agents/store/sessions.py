@@ -12,7 +12,7 @@ from celery_agents.model import AgentSpec, Budget, CallState, SessionHeader, Tra
 from celery_agents.model.admission import DEFAULT_PRIORITY, PRIORITY_MAX, PRIORITY_MIN
 from celery_agents.store.codec import outcome_json, turn_digest
 from celery_agents.store.core import StoreCore
-from celery_agents.store.header import header_from_hash, header_to_hash
+from celery_agents.store.header import header_from_hash, header_to_stored
 from celery_agents.store.ids import SESSION_ID, check_session_id, new_session_id, parse_token
 from celery_agents.store.keys import STORED_STATES
 from celery_agents.store.records import Sent
@@ -67,7 +67,7 @@ class SessionStore(StoreCore):
             "create_session",
             sid,
             [
-                json.dumps(header_to_hash(header)),
+                json.dumps(header_to_stored(header)),
                 first_turn,
                 spec_json,
                 "1" if owe else "0",
@@ -299,14 +299,14 @@ class SessionStore(StoreCore):
         pipe = self.client.pipeline(transaction=False)
         for sid in ids:
             pipe.hgetall(self.keys.meta(sid))
-        return [header_from_hash(d) for d in pipe.execute() if d]
+        return [header_from_hash(d, sid) for sid, d in zip(ids, pipe.execute(), strict=True) if d]
 
     def headers(self, session_ids: list[str]) -> dict[str, SessionHeader]:
         """The headers of the sessions named that still exist, in one pipelined round trip."""
         pipe = self.client.pipeline(transaction=False)
         for sid in session_ids:
             pipe.hgetall(self.keys.meta(sid))
-        return {sid: header_from_hash(d) for sid, d in zip(session_ids, pipe.execute(), strict=True) if d}
+        return {sid: header_from_hash(d, sid) for sid, d in zip(session_ids, pipe.execute(), strict=True) if d}
 
     def state_counts(self) -> dict[str, int]:
         """Sessions per stored state, from the state indexes (one round trip, never a scan)."""

@@ -46,7 +46,7 @@ class StepStore(LimitStore, BudgetStore):
 
     def _loaded(self, session_id: str, payload: list[Any], seen: Transcript | None) -> Loaded:
         flat, raw_turns, raw_calls, raw_results, holder, journal, inbox = payload
-        header = header_from_hash(dict(zip(flat[::2], flat[1::2], strict=True)))
+        header = header_from_hash(dict(zip(flat[::2], flat[1::2], strict=True)), session_id)
         turns = self._transcript(session_id, header, raw_turns, seen)
         calls = [merge_outcome(c, r) for c, r in zip(raw_calls, raw_results, strict=True) if c]
         return Loaded(
@@ -177,8 +177,9 @@ class StepStore(LimitStore, BudgetStore):
         if record.claim is not None:
             token_keys = (*token_keys, *(self.keys.claims(a) for a in record.claim.above))
         # One id per call, sent again by the client's retries: commit_step answers a retry of a
-        # commit it made with that commit's reply (the header's `last_commit`).
-        attempt = uuid.uuid4().hex
+        # commit it made with that commit's reply (the header's `last_commit`). 64 random bits tell
+        # one commit of a session at a version from another; the header keeps it, so no more.
+        attempt = uuid.uuid4().hex[:16]
         lease_ms = int(self.settings.lease_seconds * 1000)
         args = record.to_args(attempt, lease_ms)
         if release is None:

@@ -36,7 +36,7 @@ class ViewStore(StoreCore):
         pipe = self.client.pipeline(transaction=False)
         for h in headers:
             pipe.exists(k.lease(h.session_id))
-            pipe.smembers(k.pending(h.session_id))
+            pipe.hkeys(k.pending(h.session_id))
             pipe.smembers(k.children(h.session_id))
         # The queued messages of the sessions that have some (the header counts them).
         queuing = [h for h in headers if h.inbox_waiting]

@@ -41,7 +41,7 @@ def check_invariants(store: Store, sid: str, *, completed: bool = True) -> None:
         assert isinstance(turns[-1], LlmTurn) and not turns[-1].tool_calls
         assert all(c.state.final for c in calls), "every call has a final outcome"
         assert r.zscore(k.owed, sid) is None, "no step is owed"
-        assert r.scard(k.pending(sid)) == 0
+        assert r.hlen(k.pending(sid)) == 0
         assert not r.exists(k.journal(sid)), "no journal left behind"
         assert not r.exists(k.lease(sid))
         assert r.llen(k.inbox(sid)) == 0, "no message sent to it is left undelivered"

@@ -115,7 +115,7 @@ def forge(client: redis.Redis, keys: Keys, sid: str, position: int, tool: str, d
         created_at=time.time(),
     )
     client.hset(keys.calls(sid), call.field, call.model_dump_json())
-    client.sadd(keys.pending(sid), call.field)
+    client.hset(keys.pending(sid), call.field, "")
 
 
 def test_forged_calls_run_nothing_through_run_isolated_nor_the_inline_driver(

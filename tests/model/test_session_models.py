@@ -218,3 +218,15 @@ def test_build_schemas_leaves_no_model_to_build_on_first_use() -> None:
         and not value.__pydantic_complete__
     ]
     assert unbuilt == []
+
+
+def test_a_stored_call_keeps_the_text_of_its_arguments_only_when_it_says_more() -> None:
+    """The model's text of arguments that parsed is their JSON again (its turn holds the exact
+    text); text that did not parse is kept as it came."""
+    parsed = tracked(raw_arguments='{"q":   "x"}')
+    stored = json.loads(parsed.stored_json())
+    assert "raw_arguments" not in stored and stored["arguments"] == {"q": "x"}
+    back = TrackedCall.model_validate_json(parsed.stored_json())
+    assert json.loads(back.raw_arguments) == {"q": "x"} and back.arguments == {"q": "x"}
+    broken = tracked(arguments=None, raw_arguments='{"q": "x', state="failed", error="not valid JSON")
+    assert TrackedCall.model_validate_json(broken.stored_json()).raw_arguments == '{"q": "x'

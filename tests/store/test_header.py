@@ -7,7 +7,7 @@ import json
 from celery_agents.model import ErrorInfo, EventType, SessionHeader, State, Status, Usage
 from celery_agents.scheduler import Event, Transition
 from celery_agents.store.commit import commit_record
-from celery_agents.store.header import header_from_hash, header_to_hash
+from celery_agents.store.header import SPARSE, header_from_hash, header_to_hash, header_to_stored, sparse_update
 
 FULL = SessionHeader(
     session_id="s1",
@@ -78,4 +78,26 @@ def test_a_commit_record_sets_the_header_fields_a_step_changes_as_the_hash_holds
     assert (control["attempt"], control["lease_ms"]) == ("a1", 30_000)
     assert control["meta"]["error_code"] == "llm_error" and control["meta"]["head"] == "LlmTurn"
     assert control["meta"]["usage"] == "[5,0,5]", "usage adds up over steps"
-    assert control["events"] == [["failed", '{"code": "llm_error"}']]
+    assert control["events"] == [["failed", '{"code":"llm_error"}']]
+
+
+def test_a_new_headers_hash_leaves_out_the_fields_at_their_default_and_reads_the_same() -> None:
+    bare = SessionHeader(session_id="s2", agent_slug="a", agent_hash="h")
+    stored = header_to_stored(bare)
+    assert not SPARSE & set(stored), "no parent, budget, error, grants... nor their names"
+    assert {"version", "status", "state", "drive", "head", "turn_count"} <= set(stored)
+    assert "session_id" not in stored, "its key names it"
+    assert header_from_hash(stored, "s2") == bare
+    assert header_from_hash(header_to_stored(FULL), "s1") == FULL
+    assert {"error", "error_code", "response", "inbox_waiting", "execution_mode"} <= set(header_to_stored(FULL))
+
+
+def test_a_commit_clears_a_sparse_field_that_was_set_and_leaves_alone_one_that_never_was() -> None:
+    failed = header_to_hash(FULL)
+    cleared = header_to_hash(FULL.model_copy(update={"error": None, "response": None}))
+    update = sparse_update(failed, cleared)
+    assert (update["error"], update["error_code"], update["response"]) == ("", "", "null")
+    bare = header_to_hash(SessionHeader(session_id="s2", agent_slug="a", agent_hash="h"))
+    assert not {"error", "error_code", "response"} & set(sparse_update(bare, bare))
+    answered = header_to_hash(SessionHeader(session_id="s2", agent_slug="a", agent_hash="h", response="hi"))
+    assert sparse_update(bare, answered)["response"] == '"hi"'

@@ -1,10 +1,12 @@
 """What a paused session costs in Redis (bench key `paused_session_bytes`): the session waiting on
-a deferred call, as bench/paused_memory.py measures it. Its header and its versions stay compact
-hashes (listpacks), and its events stream is rewritten at its size when it starts to wait, instead
-of keeping the 4 KB Redis gives a new stream node; the stream goes on as before afterwards."""
+a deferred call, as bench/paused_memory.py measures it. Its header, its versions and its pending
+calls stay compact hashes (listpacks), nothing is stored twice or at its default, and its events
+stream is rewritten at its size when it starts to wait, instead of keeping the 4 KB Redis gives a
+new stream node; the stream goes on as before afterwards."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import pytest
 from bench.harness import DEFER_AGENT
 from celery_agents import Client
 from celery_agents.config import Settings
+from celery_agents.store.header import SPARSE
 from celery_agents.tools.resolve import parse_agent
 from tests.support.redis_server import RedisServer
 
@@ -34,11 +37,48 @@ def encoding(client: Client, key: str) -> str:
     return str(client.store.client.object("encoding", key))
 
 
-def test_a_paused_sessions_header_and_versions_are_compact_hashes(paused: tuple[Client, str]) -> None:
+def test_a_paused_sessions_header_versions_and_pending_calls_are_compact_hashes(paused: tuple[Client, str]) -> None:
     client, sid = paused
     keys = client.store.keys
     assert encoding(client, keys.meta(sid)) in ("listpack", "ziplist")
     assert encoding(client, keys.versions(sid)) in ("listpack", "ziplist")
+    # A set of call fields ("1:0") would be a hashtable: not integers, and Redis 7.0 has no listpack sets.
+    assert encoding(client, keys.pending(sid)) in ("listpack", "ziplist")
+    assert client.store.client.hkeys(keys.pending(sid)) == ["1:0"]
+
+
+def test_a_paused_sessions_events_all_have_the_fields_of_the_first(paused: tuple[Client, str]) -> None:
+    """Redis stores the field names of a stream's entries once per node when they are those of its
+    first entry: every event is `type`, `version`, `data`; its time is its id's."""
+    client, sid = paused
+    entries = client.store.client.xrange(client.store.keys.events(sid))
+    assert len(entries) >= 5 and all(list(fields) == ["type", "version", "data"] for _, fields in entries)
+    events = list(client.events(sid))
+    assert all(e["at"] == int(e["id"].split("-")[0]) / 1000 for e in events)
+    assert [e["type"] for e in events][-2:] == ["token_created", "step_committed"]
+
+
+def test_a_deferred_calls_token_and_call_hold_nothing_twice(paused: tuple[Client, str]) -> None:
+    """The token's hash holds what its scripts read (not the session its key names, nor empty
+    fields); the call keeps the model's text of its arguments only when it did not parse (its
+    turn holds it)."""
+    client, sid = paused
+    r, keys = client.store.client, client.store.keys
+    (pending,) = client.pending(sid)
+    assert pending.token is not None
+    held = r.hgetall(keys.token(sid, pending.token.split(".", 1)[1]))
+    assert set(held) == {"field", "state", "expires_ms", "call_id", "tool", "digest", "reason"}
+    call = json.loads(r.hget(keys.calls(sid), held["field"]))
+    assert "raw_arguments" not in call and call["arguments"] == pending.arguments
+
+
+def test_a_paused_sessions_header_holds_no_field_at_its_default(paused: tuple[Client, str]) -> None:
+    client, sid = paused
+    stored = client.store.client.hgetall(client.store.keys.meta(sid))
+    assert SPARSE & set(stored) == {"usage"}, "of those that may be left out, only what its model call used"
+    assert "spent_tool_calls" not in stored, "a spend that is none is not written"
+    header = client.store.header(sid)
+    assert header.parent is None and header.error is None and header.priority == 5 and header.inbox_waiting == 0
 
 
 def test_a_paused_sessions_events_take_what_they_hold_not_a_whole_stream_node(paused: tuple[Client, str]) -> None:
@@ -108,9 +148,11 @@ def test_a_long_summary_is_cut_within_a_compact_hash_value(settings: Settings) -
 
 
 @pytest.mark.parametrize("binary", ["/usr/bin/redis-server"])
-def test_on_redis_7_a_paused_session_costs_under_6_kb(binary: str, tmp_path: object, prefix: str) -> None:
+def test_on_redis_7_a_paused_session_costs_under_5_25_kb(binary: str, tmp_path: object, prefix: str) -> None:
     """The whole of it, as the bench counts it: MEMORY USAGE of its keys, and what its index
-    entries add to indexes big enough to be Redis's large encodings."""
+    entries add to indexes big enough to be Redis's large encodings. Its keys take the same bytes
+    every time (4,312 under this prefix); the index entries vary with the levels Redis draws for
+    their skiplist nodes (~720-800). The goal, 4,096, is not met (docs/performance.md)."""
     from bench.paused_memory import paused_session_bytes
 
     if not Path(binary).exists():
@@ -120,8 +162,10 @@ def test_on_redis_7_a_paused_session_costs_under_6_kb(binary: str, tmp_path: obj
         figures = paused_session_bytes(server.url, prefix, Path(str(tmp_path)) / "home")
     finally:
         server.stop(kill=True)
-    assert figures["paused_session_bytes"] <= 6 * 1024, figures
-    assert set(figures["paused_session_keys"]) >= {"meta", "turns", "calls", "events", "versions", "pending", "token"}
+    keys = figures["paused_session_keys"]
+    assert set(keys) == {"meta", "turns", "calls", "events", "versions", "pending", "token"}
+    assert sum(keys.values()) <= 4_352, keys
+    assert figures["paused_session_bytes"] <= 5 * 1024 + 256, figures
 
 
 def test_a_user_not_allowed_restore_still_commits_the_step_that_waits(tmp_path: object, prefix: str) -> None:

@@ -32,7 +32,7 @@ def _dispatched_call(any_store: Store, entry: Entry) -> tuple[str, str]:
     sid, calls = waiting_on(any_store, ("c1", "async_t"))
     field = calls[0].field
     if not entry.owed:
-        any_store.client.srem(any_store.keys.pending(sid), field)
+        any_store.client.hdel(any_store.keys.pending(sid), field)
     if entry.picked:
         any_store.mark_call_started(sid, field, "some-worker")
     if entry.leased:

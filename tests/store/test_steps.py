@@ -249,7 +249,7 @@ def test_commit_of_a_tools_step_writes_calls_pending_and_tokens(any_store: Store
         ("c2", CallState.RUNNING),
         ("c3", CallState.DEFERRED),
     ]
-    assert store.client.smembers(store.keys.pending(sid)) == {"1:1", "1:2"}
+    assert set(store.client.hkeys(store.keys.pending(sid))) == {"1:1", "1:2"}
     assert set(store.client.zrange(store.keys.pending_all, 0, -1)) == {f"{sid} 1:1", f"{sid} 1:2"}
     token = done.transition.calls[2].token
     assert token is not None

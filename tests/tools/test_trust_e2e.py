@@ -425,7 +425,7 @@ def forge(rclient: redis.Redis, keys: Keys, sid: str, position: int, tool: str, 
         created_at=time.time(),
     )
     rclient.hset(keys.calls(sid), call.field, call.model_dump_json())
-    rclient.sadd(keys.pending(sid), call.field)
+    rclient.hset(keys.pending(sid), call.field, "")
     return call
 
 

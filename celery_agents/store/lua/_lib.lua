@@ -8,12 +8,17 @@
 -- Durable times (deadlines compared, owed and index scores, updated times) come from Redis's clock,
 -- the one clock every worker shares; a worker's own clock may be off by any amount. ARGV[1] =
 -- 'event': the script's first event is written before it needs the time, and the time is that
--- event's stream id (Redis's clock in ms, as TIME would give, one command fewer); the event itself
--- then carries no `at` field, its readers take it from its id (store/codec.py `event_from_entry`).
+-- event's stream id (Redis's clock in ms, as TIME would give, one command fewer).
+-- An event carries no `at` field: its readers take its time from its id (store/codec.py
+-- `event_from_entry`), which is Redis's clock when it was written. Only a time given by the caller
+-- (tests) is written as `at`. So every entry of a stream has the same fields (`type`, `version`,
+-- `data`, as the live output's deltas have), those of its first: Redis then stores them once per
+-- stream node, not once per entry.
 local NOW_MS, NOW
+local GIVEN_NOW = ARGV[1] ~= 'event' and ARGV[1] ~= ''
 if ARGV[1] == 'event' then
   NOW_MS = nil
-elseif ARGV[1] ~= '' then
+elseif GIVEN_NOW then
   NOW_MS = math.floor(tonumber(ARGV[1]) * 1000)
 else
   local t = redis.call('TIME')
@@ -34,14 +39,16 @@ local function set_version(v)
 end
 
 local function emit(kind, data)
-  if NOW then
+  if GIVEN_NOW then
     return redis.call('XADD', K.events, 'MAXLEN', '~', MAXLEN, '*',
       'type', kind, 'at', NOW, 'version', version(), 'data', data or '{}')
   end
-  local id = redis.call('XADD', K.events, 'MAXLEN', '~', MAXLEN, '*',
-    'type', kind, 'version', version(), 'data', data or '{}')
-  NOW_MS = tonumber(string.match(id, '^(%d+)'))
-  NOW = string.format('%.3f', NOW_MS / 1000)
+  local id = redis.call('XADD', K.events, 'MAXLEN', '~', MAXLEN, '*', 'type', kind, 'version', version(),
+    'data', data or '{}')
+  if not NOW_MS then
+    NOW_MS = tonumber(string.match(id, '^(%d+)'))
+    NOW = string.format('%.3f', NOW_MS / 1000)
+  end
   return id
 end
 
@@ -105,7 +112,7 @@ end
 local function state_from_head()
   local head = redis.call('HGET', K.meta, 'head')
   if head == 'LlmTurn' then return 'tools' end
-  if head == 'PartialUserTurn' and redis.call('SCARD', K.pending) > 0 then return 'waiting' end
+  if head == 'PartialUserTurn' and redis.call('HLEN', K.pending) > 0 then return 'waiting' end
   return 'ready'
 end
 
@@ -135,11 +142,11 @@ end
 -- Returns nil if the call was not unfinished, else {remaining, woken, version, priority} (the
 -- session's priority: a wake is published with it).
 local function finish_call(field, outcome, event_kind, event_data)
-  if redis.call('SREM', K.pending, field) == 0 then return nil end
+  if redis.call('HDEL', K.pending, field) == 0 then return nil end
   redis.call('HSET', K.results, field, outcome)
   unindex_call(field)
   emit(event_kind, event_data)
-  local remaining = redis.call('SCARD', K.pending)
+  local remaining = redis.call('HLEN', K.pending)
   local woken = 0
   local m = redis.call('HMGET', K.meta, 'status', 'head', 'drive', 'version', 'priority')
   if remaining == 0 and m[1] == 'active' and m[2] == 'PartialUserTurn' then
@@ -159,6 +166,18 @@ end
 local function warn_at(expires_ms)
   local wait = tonumber(expires_ms) - NOW_MS
   return tonumber(expires_ms) - math.min(math.floor(wait / 10), 3600000)
+end
+
+-- A deferred call's token (its hash, at `key`) from its record (store/commit.py `token_record`:
+-- field, deadline ms, call id, tool, digest, reason, child, gate); the sub-agent child and the
+-- gate only when the call has them (absent reads as none). What the key and the call say (the
+-- session, when it was made) is not written again.
+local function create_token(key, t)
+  local fields = {'field', t[1], 'state', 'pending', 'expires_ms', t[2], 'call_id', t[3], 'tool', t[4],
+    'digest', t[5], 'reason', t[6]}
+  if (t[7] or '') ~= '' then fields[#fields + 1] = 'child'; fields[#fields + 1] = t[7] end
+  if (t[8] or '') ~= '' then fields[#fields + 1] = 'gate'; fields[#fields + 1] = t[8] end
+  redis.call('HSET', key, unpack(fields))
 end
 
 -- The fleet's counters (store/counters.py): one hash, a field per series and label values

@@ -6,7 +6,7 @@ if not m[1] then return {'missing'} end
 if m[1] == 'cancelled' or m[1] == 'completed' then return {'ended', m[1]} end
 local outcomes = cjson.decode(ARGV[4])
 for field, outcome in pairs(outcomes) do
-  if redis.call('SREM', K.pending, field) == 1 then
+  if redis.call('HDEL', K.pending, field) == 1 then
     redis.call('HSET', K.results, field, outcome)
     unindex_call(field)
   end
@@ -15,7 +15,7 @@ for j = NKEYS + 1, #KEYS do
   if redis.call('HGET', KEYS[j], 'state') == 'pending' then redis.call('HSET', KEYS[j], 'state', 'cancelled') end
 end
 -- Calls that became unfinished after the caller looked (none in practice) are dropped from the index too.
-for _, field in ipairs(redis.call('SMEMBERS', K.pending)) do unindex_call(field) end
+for _, field in ipairs(redis.call('HKEYS', K.pending)) do unindex_call(field) end
 redis.call('DEL', K.pending, K.inbox)
 redis.call('HSET', K.meta, 'status', 'cancelled', 'drive', 'manual', 'inbox_waiting', 0)
 local version = redis.call('HINCRBY', K.meta, 'version', 1)

@@ -128,10 +128,11 @@ write_turns_and_calls(c, 4)
 local members, scored = {}, {}
 for _, p in ipairs(c.pending) do
   members[#members + 1] = p[1]
+  members[#members + 1] = ''
   scored[#scored + 1] = p[2]
   scored[#scored + 1] = SID .. ' ' .. p[1]
 end
-in_slices('SADD', K.pending, members)
+in_slices('HSET', K.pending, members)
 in_slices('ZADD', K.pending_all, scored)
 local dispatched = {}
 for _, field in ipairs(c.dispatched) do
@@ -140,9 +141,7 @@ for _, field in ipairs(c.dispatched) do
 end
 in_slices('ZADD', K.dispatched, dispatched)
 for j, t in ipairs(c.tokens) do
-  redis.call('HSET', KEYS[NKEYS + j], 'session_id', SID, 'field', t[1], 'state', 'pending',
-    'expires_ms', t[2], 'call_id', t[3], 'tool', t[4], 'digest', t[5], 'reason', t[6], 'created_at', NOW,
-    'child', t[7], 'gate', t[8] or '')
+  create_token(KEYS[NKEYS + j], t)
   redis.call('ZADD', K.deadlines, t[2], SID .. ' ' .. t[1])
   redis.call('ZADD', KEYS[NKEYS + #c.tokens + 1], warn_at(t[2]), SID .. ' ' .. t[1])
 end
@@ -150,8 +149,13 @@ local fields = {
   'version', version,
   'turn_count', tonumber(m[3] or '0') + c.n_turns,
   'steps', tonumber(m[4] or '0') + c.steps_inc,
-  'inbox_waiting', waiting,
 }
+-- A header field absent reads as its default (store/header.py `SPARSE`): a count or spend that is
+-- none and was none is not written.
+if (tonumber(m[8]) or 0) ~= waiting then
+  fields[#fields + 1] = 'inbox_waiting'
+  fields[#fields + 1] = waiting
+end
 for name, text in pairs(c.meta) do
   fields[#fields + 1] = name
   fields[#fields + 1] = text
@@ -173,8 +177,10 @@ end
 if c.spend then
   for i, f in ipairs(SPENT) do
     local total = tonumber(m[10 + i] or '0') + tonumber(c.spend[i])
-    fields[#fields + 1] = f
-    fields[#fields + 1] = i == 2 and string.format('%.17g', total) or string.format('%d', total)
+    if total ~= 0 or m[10 + i] then
+      fields[#fields + 1] = f
+      fields[#fields + 1] = i == 2 and string.format('%.17g', total) or string.format('%d', total)
+    end
   end
 end
 fields[#fields + 1] = 'last_commit'

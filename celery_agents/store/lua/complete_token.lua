@@ -65,7 +65,7 @@ local function grant()
   redis.call('HSET', K.meta, 'grants', cjson.encode(grants))
 end
 if decision == 'approve' and t[5] and t[5] ~= '' and (not t[6] or t[6] == '')
-    and redis.call('SISMEMBER', K.pending, t[2]) == 1 then
+    and redis.call('HEXISTS', K.pending, t[2]) == 1 then
   redis.call('HSET', tk, 'state', 'completed', 'completed_at', NOW, 'completed_by', ARGV[5], 'entry', ARGV[9],
     'decision', 'approved', 'approved', ARGV[11], 'seal', ARGV[15] or '')
   redis.call('ZREM', K.deadlines, SID .. ' ' .. t[2])
@@ -75,10 +75,10 @@ if decision == 'approve' and t[5] and t[5] ~= '' and (not t[6] or t[6] == '')
   emit('call_approved', cjson.encode({call_id = t[4], by = ARGV[5], ['then'] = t[5]}))
   touch()
   count('completions', 'applied')
-  return {'approved', t[4], redis.call('SCARD', K.pending), 0, tonumber(version()), t[2]}
+  return {'approved', t[4], redis.call('HLEN', K.pending), 0, tonumber(version()), t[2]}
 end
 local child = t[6]
-if child and child ~= '' and decision == 'approve' and redis.call('SISMEMBER', K.pending, t[2]) == 1 then
+if child and child ~= '' and decision == 'approve' and redis.call('HEXISTS', K.pending, t[2]) == 1 then
   redis.call('HSET', tk, 'state', 'completed', 'completed_at', NOW, 'completed_by', ARGV[5], 'entry', ARGV[9],
     'decision', 'approved', 'approved', ARGV[11] or '', 'seal', ARGV[15] or '')
   redis.call('ZREM', K.deadlines, SID .. ' ' .. t[2])
@@ -87,7 +87,7 @@ if child and child ~= '' and decision == 'approve' and redis.call('SISMEMBER', K
   emit('delegation_approved', cjson.encode({call_id = t[4], child = child, by = ARGV[5]}))
   touch()
   count('completions', 'applied')
-  return {'approved', t[4], redis.call('SCARD', K.pending), 0, tonumber(version()), t[2]}
+  return {'approved', t[4], redis.call('HLEN', K.pending), 0, tonumber(version()), t[2]}
 end
 local r = finish_call(t[2], ARGV[4], 'token_completed', ARGV[6])
 if not r then

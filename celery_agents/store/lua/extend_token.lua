@@ -7,7 +7,7 @@ local tk = KEYS[NKEYS + 1]
 local t = redis.call('HMGET', tk, 'state', 'field', 'expires_ms', 'call_id')
 if not t[1] then return {'unknown'} end
 if t[1] ~= 'pending' then return {t[1]} end
-if NOW_MS >= tonumber(t[3]) or redis.call('SISMEMBER', K.pending, t[2]) == 0 then return {'expired'} end
+if NOW_MS >= tonumber(t[3]) or redis.call('HEXISTS', K.pending, t[2]) == 0 then return {'expired'} end
 local until_ms = NOW_MS + tonumber(ARGV[4])
 local member = SID .. ' ' .. t[2]
 redis.call('HSET', tk, 'expires_ms', until_ms)

@@ -20,14 +20,12 @@ redis.call('HSET', K.meta, 'created_at', NOW)
 if c.batch >= 0 then redis.call('HSET', K.meta, 'batch', c.batch, 'batch_size', c.batch_size) end
 write_turns_and_calls(c, 7)
 for _, p in ipairs(c.pending) do
-  redis.call('SADD', K.pending, p[1])
+  redis.call('HSET', K.pending, p[1], '')
   redis.call('ZADD', K.pending_all, p[2], SID .. ' ' .. p[1])
 end
 for _, field in ipairs(c.dispatched) do redis.call('ZADD', K.dispatched, NOW_MS, SID .. ' ' .. field) end
 for j, t in ipairs(c.tokens) do
-  redis.call('HSET', KEYS[NKEYS + 4 + j], 'session_id', SID, 'field', t[1], 'state', 'pending',
-    'expires_ms', t[2], 'call_id', t[3], 'tool', t[4], 'digest', t[5], 'reason', t[6], 'created_at', NOW,
-    'child', t[7], 'gate', t[8])
+  create_token(KEYS[NKEYS + 4 + j], t)
   redis.call('ZADD', K.deadlines, t[2], SID .. ' ' .. t[1])
   redis.call('ZADD', KEYS[NKEYS + 4], warn_at(t[2]), SID .. ' ' .. t[1])
 end

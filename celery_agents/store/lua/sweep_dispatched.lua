@@ -7,7 +7,7 @@
 local field = ARGV[4]
 local member = SID .. ' ' .. field
 local call = redis.call('HGET', K.calls, field)
-if not call or redis.call('SISMEMBER', K.pending, field) == 0 then
+if not call or redis.call('HEXISTS', K.pending, field) == 0 then
   redis.call('ZREM', K.dispatched, member)
   return {'settled'}
 end
