@@ -200,8 +200,9 @@ class _Fold:
         return litellm.ModelResponse(model=answer.model, usage=built.usage)
 
 
-#: a stream that has lasted this long (s) is read at most four times per batch interval
-SLOW_AFTER = 0.5
+#: a stream that has lasted this long (s) is read at most four times per batch interval, and at
+#: least every `SLOWEST_READ` s (its end is seen that much later at most)
+SLOW_AFTER, SLOWEST_READ = 0.5, 0.05
 
 
 async def _unhurried(body: AsyncIterator[bytes], interval: float) -> AsyncIterator[bytes]:
@@ -209,12 +210,12 @@ async def _unhurried(body: AsyncIterator[bytes], interval: float) -> AsyncIterat
     every few ms costs a wake of the loop's reader per token, and its pieces are shown once per
     batch interval anyway. While the reader waits, what arrives is kept in the connection's
     buffer and read at once (a fifth less CPU for a 500-token answer at 50 tokens a second, in
-    one process); a stream's end is seen at most a quarter of an interval later."""
-    started = time.monotonic()
+    one process); a stream's end is seen at most `SLOWEST_READ` later."""
+    started, pause = time.monotonic(), min(interval / 4, SLOWEST_READ)
     async for chunk in body:
         yield chunk
         if time.monotonic() - started > SLOW_AFTER:
-            await asyncio.sleep(interval / 4)
+            await asyncio.sleep(pause)
 
 
 async def fold(litellm: Any, response: Any, http: Any, answer: Answer, relay: Relay) -> None:

@@ -202,8 +202,13 @@ def test_the_answer_read_off_the_wire_is_the_answer_litellm_reads(
     assert out.get("turn"), out
 
 
-def test_a_priced_model_costs_the_same_read_off_the_wire(llm_server: LlmServer, reads: Reads) -> None:
-    out = both_readings(llm_server, reads, lambda: text("hello there friend", usage=(40, 12)), model="gpt-4o-mini")
+def test_a_priced_model_costs_the_same_read_off_the_wire(reads: Reads) -> None:
+    # a server of its own: the model's name is the scenario's, which other tests count requests of
+    server = LlmServer().start()
+    try:
+        out = both_readings(server, reads, lambda: text("hello there friend", usage=(40, 12)), model="gpt-4o-mini")
+    finally:
+        server.stop()
     assert out["turn"]["usage"]["cost"] > 0
 
 
