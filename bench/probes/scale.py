@@ -49,6 +49,10 @@ class _QueuedScripts:
         self.names.append(name)
         return ["busy", "queued"] if name == "begin_step" else ["ok", 0, 0]
 
+    def __getattr__(self, name: str) -> Any:
+        """Everything else (the scripts' KEYS, say) is the real one's."""
+        return getattr(self.real, name)
+
 
 class SessionFactory:
     """Writes paused sessions waiting on one deferred call, `CHUNK` sessions per round trip."""
