@@ -71,7 +71,7 @@ def test_each_shard_has_its_own_slot_and_every_new_id_lands_in_one(shards: int) 
     assert len(set(slots)) == shards and all(0 <= s < SLOTS for s in slots)
     for n, shard in enumerate(keys.all_shards()):
         assert shard.shard == n
-        assert slots_of(shard.global_keys() + [shard.completions, shard.rejected, shard.ids]) == {slots[n]}
+        assert slots_of([*shard.global_keys(), shard.completions, shard.rejected, shard.ids]) == {slots[n]}
     seen = {keys.shard_of(keys.new_session_id()) for _ in range(40 * shards)}
     assert len(seen) > shards // 2, "new sessions spread over the shards"
 
