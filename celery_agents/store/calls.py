@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
-from celery_agents.errors import TOKEN_ERRORS, InvalidInput, UnknownToken
+from celery_agents.errors import TOKEN_ERRORS, UnknownToken
 from celery_agents.model import CallState, CompletionOutcome, PendingCall, TrackedCall
 from celery_agents.model.admission import DEFAULT_PRIORITY
 from celery_agents.store.codec import merge_outcome, outcome_json, pending_view, token_message
@@ -76,7 +76,7 @@ class CallStore(StoreCore):
         """The call a token of a pending deferred call waits on, and its session's agent hash;
         `UnknownToken` when there is none (decided, expired and cancelled tokens answer theirs; one
         decided by the completions stream entry `entry` itself says so with `same_entry`)."""
-        sid, secret = parse_token(token)
+        sid, secret = self._token_parts(token)
         state, field, by_entry = cast(
             "list[str | None]", self.client.hmget(self.keys.token(sid, secret), ["state", "field", "entry"])
         )
@@ -132,7 +132,7 @@ class CallStore(StoreCore):
         completed by that same entry before raises `TokenAlreadyCompleted` with `same_entry`.
         `decision`: approve or reject an approval gate (`Decision`); an approved gate is returned
         with `delegated` (its field: publish the call)."""
-        sid, secret = parse_token(token)
+        sid, secret = self._token_parts(token)
         tkey = self.keys.token(sid, secret)
         expired = outcome_json(CallState.EXPIRED, now=time.time() if now is None else now, attempts=0)
         approves = "0" if json.loads(outcome).get("state") == CallState.FAILED.value else "1"
@@ -202,19 +202,24 @@ class CallStore(StoreCore):
         pipe.hincrby(shard.counters, counter_field(("completions", reason[:40])), 1)
         pipe.execute()
 
+    def _token_parts(self, token: str) -> tuple[str, str]:
+        """(session id, secret) of a token this system made: on index shards, a session id in no
+        shard's slot names no session, so the token is unknown."""
+        sid, secret = parse_token(token)
+        if not self.keys.owns(sid):
+            raise UnknownToken(token_message("unknown", token), token=token)
+        return sid, secret
+
     def _token_shard(self, token: str) -> Keys:
         """The index shard of the session a token names; shard 0 for what names none."""
         sid = token.strip().partition(".")[0]
-        try:
-            return self.keys.for_session(sid)
-        except InvalidInput:
-            return self.keys
+        return self.keys.for_session(sid) if self.keys.owns(sid) else self.keys
 
     def call_of_token(self, token: str) -> tuple[TrackedCall, str] | None:
         """The deferred call a token completes and its session's agent hash, or None (unknown
         token); two round trips, taken only when metrics or traces want the call."""
         try:
-            sid, secret = parse_token(token)
+            sid, secret = self._token_parts(token)
         except UnknownToken:
             return None
         field = self.client.hget(self.keys.token(sid, secret), "field")
@@ -256,7 +261,7 @@ class CallStore(StoreCore):
     def extend_token(self, token: str, seconds: float) -> PendingCall:
         """Move a pending deferred call's deadline to now + `seconds` (Redis's clock); the call as
         `pending` lists it. The token's conflict when it was decided, expired or cancelled."""
-        sid, secret = parse_token(token)
+        sid, secret = self._token_parts(token)
         res = self._run(
             "extend_token",
             sid,

@@ -17,7 +17,7 @@ import secrets
 import uuid
 from functools import cached_property
 
-from celery_agents.errors import InvalidInput
+from celery_agents.errors import UnknownSession
 from celery_agents.model import State
 from celery_agents.model.slots import id_in_slot, shard_slots, shard_tags, slot_shards, tag_slot
 
@@ -82,16 +82,22 @@ class Keys:
 
     def shard_of(self, sid: str) -> int:
         """The index shard of session `sid` (always 0 with one shard). With more, an id outside
-        every shard's slot (one not made by `new_session_id`) is refused."""
+        every shard's slot (one not made by `new_session_id`) names no session: `UnknownSession`."""
         if self.shards == 1:
             return 0
         shard = slot_shards(self.shards).get(tag_slot(sid))
         if shard is None:
-            raise InvalidInput(
-                f"session id {sid[:80]!r} is in no index shard's hash slot (AGENTS_INDEX_SHARDS={self.shards}): "
-                "on a Redis Cluster, session ids are made by celery-agents"
+            raise UnknownSession(
+                f"unknown session {sid[:80]!r}: its id is in no index shard's hash slot "
+                f"(AGENTS_INDEX_SHARDS={self.shards}; on a Redis Cluster, celery-agents makes session ids)",
+                session_id=sid,
             )
         return shard
+
+    def owns(self, sid: str) -> bool:
+        """Session `sid` may exist here: always with one shard; with more, when its id is in a
+        shard's slot."""
+        return self.shards == 1 or tag_slot(sid) in slot_shards(self.shards)
 
     def for_session(self, sid: str) -> Keys:
         """The keys of the index shard of session `sid`."""

@@ -42,6 +42,11 @@ class SessionStore(StoreCore):
         `priority` (0-9) over the agent file's (default 5)."""
         stamp = time.time() if now is None else now  # shown only: the script stamps created_at from Redis
         sid = check_session_id(session_id) if session_id else self.keys.new_session_id()
+        if not self.keys.owns(sid):
+            raise InvalidInput(
+                f"session id {sid[:80]!r} is in no index shard's hash slot (AGENTS_INDEX_SHARDS="
+                f"{self.keys.shards}): on a Redis Cluster, celery-agents makes session ids"
+            )
         shard = self.keys.for_session(sid)
         spec_json = agent.to_json()
         content_hash = agent.content_hash()

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from celery_agents.config import Settings
+from celery_agents.errors import UnknownSession
 from celery_agents.model import UserQuery, child_session_id
 from celery_agents.model.slots import SLOTS, id_in_slot, key_slot, shard_slots, shard_tags, tag_slot
 from celery_agents.store import Store, client_for_url
@@ -91,8 +92,9 @@ def test_an_id_made_elsewhere_is_refused_on_shards_and_taken_on_one() -> None:
     stray = "0" * 32
     assert Keys("agents", 1).shard_of(stray) == 0
     off = next(s for s in ("a", "b", "c", "d") if tag_slot(s * 32) not in shard_slots(16)) * 32
-    with pytest.raises(Exception, match="no index shard"):
+    with pytest.raises(UnknownSession, match="no index shard"):
         Keys("agents", 16).shard_of(off)
+    assert not Keys("agents", 16).owns(off) and Keys("agents", 1).owns(off)
 
 
 def test_id_in_slot_reaches_every_slot() -> None:
