@@ -54,6 +54,7 @@ from redis.sentinel import Sentinel  # noqa: E402
 from celery_agents.config import Settings  # noqa: E402
 from celery_agents.errors import BrokerMissing, RedisRefused, RedisUnavailable  # noqa: E402
 from celery_agents.store.embedded import EmbeddedRedis  # noqa: E402
+from celery_agents.store.outage import UNREACHABLE  # noqa: E402
 
 #: Connections one client may open at once. A steps process runs up to 200 steps on threads (more
 #: with `--step-threads`), each with a Redis call in flight; redis-py 8 caps a pool at 100 unless
@@ -211,8 +212,8 @@ def _ssl_options(options: dict[str, str]) -> dict[str, Any]:
     return out
 
 
-#: redis-py's errors that mean Redis is out of reach (BusyLoadingError is a ConnectionError)
-_UNREACHED = (redis.ConnectionError, redis.TimeoutError)
+#: redis-py's errors that mean Redis is out of reach (store/outage.py `UNREACHABLE`)
+_UNREACHED = UNREACHABLE
 
 
 _OURS: dict[type[redis.RedisError], type[redis.RedisError]] = {}
@@ -275,7 +276,40 @@ class StatePipeline(redis.client.Pipeline):
             raise translated(exc) from None
 
 
-class StateCluster(redis.cluster.RedisCluster):
+def _local_keys(args: tuple[Any, ...]) -> list[Any] | None:
+    """The keys of the commands with "movable" keys that the store sends, read from the command
+    itself; None for any other command. redis-py asks the cluster's default node (COMMAND GETKEYS,
+    a round trip) for these, and when that node is the primary just killed, every such command
+    fails until the client is made again: a failover would stop every worker."""
+    name = str(args[0]).upper()
+    if name in ("EVAL", "EVALSHA") and len(args) > 2:
+        return list(args[3 : 3 + int(args[2])])
+    if name in ("XREAD", "XREADGROUP"):
+        upper = [str(a).upper() for a in args]
+        if "STREAMS" in upper:
+            rest = args[upper.index("STREAMS") + 1 :]
+            return list(rest[: len(rest) // 2])
+    return None
+
+
+class _KeysHere:
+    """`_get_command_keys` answered without asking the default node where the command says."""
+
+    def _get_command_keys(self, *args: Any) -> Any:
+        keys = _local_keys(args)
+        if keys is not None:
+            return keys
+        return super()._get_command_keys(*args)  # type: ignore[misc]
+
+
+def _cluster_unreached(exc: Exception) -> redis.RedisError:
+    """redis-py's SlotNotCoveredError, not a `RedisError` (no node serves a slot, for a moment
+    during a failover), as a ConnectionError that is the project's `RedisUnavailable`: waited out
+    like any outage."""
+    return translated(redis.ConnectionError(f"no node serves the slot: {exc}"))
+
+
+class StateCluster(_KeysHere, redis.cluster.RedisCluster):
     """The client of a Redis Cluster holding sessions: errors translated as `StateRedis`'s, and
     pipelines that take what the store sends them (`StateClusterPipeline`)."""
 
@@ -284,6 +318,8 @@ class StateCluster(redis.cluster.RedisCluster):
             return super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
         except redis.RedisError as exc:
             raise translated(exc) from None
+        except redis.exceptions.SlotNotCoveredError as exc:
+            raise _cluster_unreached(exc) from None
 
     def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> Any:
         return StateClusterPipeline(
@@ -307,7 +343,7 @@ class StateCluster(redis.cluster.RedisCluster):
         return self.get_node_from_key(key)  # type: ignore[no-untyped-call]
 
 
-class StateClusterPipeline(redis.cluster.ClusterPipeline):
+class StateClusterPipeline(_KeysHere, redis.cluster.ClusterPipeline):
     """A pipeline of `StateCluster`. redis-py refuses EVALSHA, MGET, TIME and PUBLISH in a cluster
     pipeline because each could span slots; the store sends them for one slot only (a script's
     KEYS are one slot: tests/store/test_cluster_layout.py), so they are queued like any command.
@@ -335,7 +371,7 @@ class StateClusterPipeline(redis.cluster.ClusterPipeline):
 
     def queue_script(self, sha: str, source: str, keys: list[str], args: list[Any]) -> Any:
         """Queue EVALSHA of a script whose `source` is loaded again where a node lacks it."""
-        self._sources[len(self.command_stack)] = source
+        self._sources[len(self)] = source
         return self.execute_command("EVALSHA", sha, len(keys), *keys, *args)
 
     def execute_command(self, *args: Any, **options: Any) -> Any:
@@ -345,19 +381,35 @@ class StateClusterPipeline(redis.cluster.ClusterPipeline):
             raise translated(exc) from None
 
     def execute(self, raise_on_error: bool = True) -> list[Any]:
-        stack = list(self.command_stack)
+        try:
+            return self._execute(raise_on_error)
+        except redis.exceptions.SlotNotCoveredError as exc:
+            raise _cluster_unreached(exc) from None
+
+    def _execute(self, raise_on_error: bool) -> list[Any]:
+        """The replies; a pipeline that could not reach a node keeps its commands, so that sending
+        it again (the store's wait through an outage: `through_outage(pipe.execute)`) sends them
+        all, not an empty pipeline (redis-py empties it whatever happened)."""
+        stack = list(self._execution_strategy.command_queue)
+        queued = [(c.args, dict(c.options)) for c in stack]
         sources, self._sources = self._sources, {}
         try:
             replies = super().execute(raise_on_error=not sources and raise_on_error)
-            if sources:
-                self._send_again(stack, sources, replies)
-                if raise_on_error:
-                    for reply in replies:
-                        if isinstance(reply, Exception):
-                            raise reply
-            return replies
+        except _UNREACHED as exc:
+            self._execution_strategy.reset()  # type: ignore[no-untyped-call]
+            for args, options in queued:
+                super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
+            self._sources = sources
+            raise translated(exc) from None
         except redis.RedisError as exc:
             raise translated(exc) from None
+        if sources:
+            self._send_again(stack, sources, replies)
+            if raise_on_error:
+                for reply in replies:
+                    if isinstance(reply, redis.RedisError):
+                        raise translated(reply)
+        return replies
 
     def _send_again(self, stack: list[Any], sources: dict[int, str], replies: list[Any]) -> None:
         """The scripts a node answered NOSCRIPT to: loaded on every primary, then run again."""

@@ -76,11 +76,16 @@ class RedisCluster:
         return redis.Redis(port=port, decode_responses=True, socket_timeout=5, socket_connect_timeout=0.5)
 
     def _healthy(self) -> bool:
+        """Every live node sees every slot served, and every replica is in sync with its primary."""
         for s in self.servers:
             if s.proc is None:
                 continue
-            info = self.admin(s.port).cluster("info")
+            admin = self.admin(s.port)
+            info = admin.cluster("info")
             if info.get("cluster_state") != "ok" or int(info.get("cluster_slots_ok", 0)) != 16384:
+                return False
+            replication = admin.info("replication")
+            if replication["role"] == "slave" and replication.get("master_link_status") != "up":
                 return False
         return True
 
