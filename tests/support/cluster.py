@@ -127,6 +127,39 @@ class RedisCluster:
             "--cluster-slots", str(slots), "--cluster-yes", "--cluster-pipeline", "100",
         )  # fmt: skip
 
+    def migrate_slot(self, slot: int, to_port: int, batch: int = 10) -> int:
+        """Move one slot and its keys to the primary on `to_port`, live, as `redis-cli --cluster
+        reshard` does for each slot (IMPORTING, MIGRATING, MIGRATE in batches, NODE on every
+        primary); returns how many keys moved. Meanwhile clients get ASK and TRYAGAIN."""
+        from_port = self.owner(slot)
+        if from_port == to_port:
+            return 0
+        src, dst = self.admin(from_port), self.admin(to_port)
+        src_id, dst_id = self.node_id(from_port), self.node_id(to_port)
+        dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+        src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+        moved = 0
+        while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, batch):
+            src.execute_command("MIGRATE", "127.0.0.1", to_port, "", 0, 5000, "KEYS", *keys)
+            moved += len(keys)
+        for node in self.nodes():
+            if node["role"] == "primary" and not node["failed"]:
+                self.admin(node["port"]).execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+        self.wait(lambda: self._agree(slot, to_port), f"every node to see slot {slot} on {to_port}")
+        return moved
+
+    def _agree(self, slot: int, port: int) -> bool:
+        return (
+            all(self.owner_seen_by(s.port, slot) == port for s in self.servers if s.proc is not None)
+            and self._healthy()
+        )
+
+    def owner_seen_by(self, seer: int, slot: int) -> int | None:
+        for node in self.nodes(seer):
+            if node["role"] == "primary" and any(lo <= slot <= hi for lo, hi in node["slots"]):
+                return int(node["port"])
+        return None
+
     def server(self, port: int) -> RedisServer:
         return next(s for s in self.servers if s.port == port)
 
