@@ -80,17 +80,29 @@ def _ready(admin: redis.Redis) -> bool:
 
 def bench_cluster(procs: Processes, prefix: str, workers: int, sizes: Sizes) -> dict[str, Any]:
     url = start_cluster(procs)
-    broker = procs.redis_server()
+    out = throughput(procs, url, procs.redis_server(), prefix, workers, sizes, "cluster")
+    return {
+        "cluster_steps_per_s": out["steps_per_s"],
+        "cluster_index_shards": out["index_shards"],
+        "cluster_shards_used": out["shards_used"],
+        "cluster_ack_replicas": out["ack_replicas"],
+    }
+
+
+def throughput(
+    procs: Processes, url: str, broker: str | None, prefix: str, workers: int, sizes: Sizes, tag: str
+) -> dict[str, Any]:
+    """Steps committed per second across `sizes.throughput` sessions of one step each, as phase 3
+    measures them, on the state Redis at `url` (one server or a Cluster) and the queues at
+    `broker` (None: the state Redis)."""
     agents = Agents(url, prefix, broker=broker)
-    name = f"cluster-{prefix}@bench"
-    worker = procs.agents_worker(agents_env(url, prefix, AGENTS_BROKER_URL=broker), workers, name)
+    name = f"{tag}-{prefix}@bench"
+    extra = {"AGENTS_BROKER_URL": broker} if broker else {}
+    worker = procs.agents_worker(agents_env(url, prefix, **extra), workers, name)
     shards = agents.store.keys.all_shards()
 
-    def completed() -> int:
-        return sum(int(agents.client.zcard(k.state_index("completed"))) for k in shards)
-
-    def failed() -> int:
-        return sum(int(agents.client.zcard(k.state_index("failed"))) for k in shards)
+    def count(state: str) -> int:
+        return sum(int(agents.client.zcard(k.state_index(state))) for k in shards)
 
     try:
         wait_heartbeat(agents.client, prefix, name, worker)
@@ -99,19 +111,19 @@ def bench_cluster(procs: Processes, prefix: str, workers: int, sizes: Sizes) -> 
             agents.step_roundtrip(sid)
         n = sizes.throughput
         sids = agents.create(n, agent=agents.step_agent, text="Hello")
-        done_before = completed()
+        done_before = count("completed")
         t0 = time.perf_counter()
         for sid in sids:
             agents.dispatcher.step(sid, 1, "bench")
-        wait_until(lambda: completed() - done_before >= n, 600, f"{n} steps on the cluster")
+        wait_until(lambda: count("completed") - done_before >= n, 600, f"{n} steps ({tag})")
         elapsed = time.perf_counter() - t0
-        if failed():
-            raise RuntimeError(f"{failed()} sessions failed during the cluster throughput run")
+        if count("failed"):
+            raise RuntimeError(f"{count('failed')} sessions failed during the {tag} throughput run")
         return {
-            "cluster_steps_per_s": n / elapsed,
-            "cluster_index_shards": len(shards),
-            "cluster_shards_used": len({agents.store.keys.shard_of(s) for s in sids}),
-            "cluster_ack_replicas": agents.store.acks.replicas,
+            "steps_per_s": n / elapsed,
+            "index_shards": len(shards),
+            "shards_used": len({agents.store.keys.shard_of(s) for s in sids}),
+            "ack_replicas": agents.store.acks.replicas,
         }
     finally:
         procs.stop(worker, name)
