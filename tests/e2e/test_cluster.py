@@ -168,3 +168,31 @@ def test_a_worker_on_a_cluster_without_a_broker_refuses_to_start(cluster: RedisC
     run = agents("worker", env=env, timeout=60)
     assert run.returncode == 2, run
     assert "AGENTS_BROKER_URL" in run.stderr + run.stdout
+
+
+def test_scripts_missing_on_every_primary_are_loaded_again_in_pipelines_and_alone(
+    store: Store, cluster: RedisCluster
+) -> None:
+    """A promoted replica has none of the scripts (Redis does not replicate them): a store sends
+    each again where a node answers NOSCRIPT, inside a pipeline (the sweeper's) as alone."""
+    from celery_agents.model import UserQuery
+    from tests.store.scenario import AGENT
+
+    sids = [store.create_session(AGENT, UserQuery(text="hi"), drive="auto", owe=True).session_id for _ in range(6)]
+    for node in store.client.get_primaries():  # type: ignore[attr-defined]
+        node.redis_connection.script_flush()
+    swept = store.sweep_owed([(sid, False) for sid in sids], store.server_time())
+    assert [s.session_id for s in swept] == sids and all(s.verdict.value == "waiting" for s in swept)
+    for node in store.client.get_primaries():  # type: ignore[attr-defined]
+        node.redis_connection.script_flush()
+    store.cancel(sids[0])
+    assert store.header(sids[0]).status.value == "cancelled"
+
+
+def test_the_keys_of_scripts_and_stream_reads_are_read_from_the_command() -> None:
+    """redis-py would ask the default node (COMMAND GETKEYS); a dead default node must not stop them."""
+    from celery_agents.store.connection import _local_keys
+
+    assert _local_keys(("EVALSHA", "sha", 2, "a", "b", "x")) == ["a", "b"]
+    assert _local_keys(("XREADGROUP", "GROUP", "g", "c", "COUNT", 5, "STREAMS", "s1", ">")) == ["s1"]
+    assert _local_keys(("GET", "a")) is None
