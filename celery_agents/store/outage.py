@@ -34,12 +34,13 @@ T = TypeVar("T")
 
 #: what redis-py raises when it cannot reach the server (a server loading its data after a restart
 #: answers BusyLoadingError, a ConnectionError); on a Cluster also CLUSTERDOWN (a primary failed and
-#: no replica took over yet) and TRYAGAIN (a slot's keys are being migrated): each passes within
+#: no replica took over yet), TRYAGAIN (a slot's keys are being migrated) and ClusterError "TTL
+#: exhausted" (redirected more than 16 times: a slot moving again and again): each passes within
 #: seconds, as an outage does
 UNREACHABLE: tuple[type[redis.RedisError], ...] = (
     redis.ConnectionError,
     redis.TimeoutError,
-    redis.exceptions.ClusterDownError,
+    redis.exceptions.ClusterError,
     redis.exceptions.TryAgainError,
 )
 
