@@ -283,3 +283,60 @@ def test_a_worker_killed_mid_step_on_a_cluster_is_replaced_and_nothing_committed
     finally:
         run.close()
     report("cluster worker SIGKILL after commit", recovery_s=round(recovery, 2), model_calls=run.model.total)
+
+
+def test_a_sub_agent_tree_under_a_budget_runs_in_its_parents_slot(
+    cluster: RedisCluster, broker: str, tmp_path: Path, llm_server: LlmServer, write_agent: Any
+) -> None:
+    """A parent with a budget asks a sub-agent: the child (its id derived from the call) lands in
+    the parent's slot, its claims on the parent's budget are one script, and a fork of the parent
+    lands beside it; the tree completes on the Cluster with one child and each model asked twice."""
+    from tests.chaos.invariants import check_tree
+
+    run = Run(cluster, broker, tmp_path, llm_server, delay=0.0)
+
+    def by_turn(first: Reply, then: Any) -> Any:
+        return lambda body: then(body) if body["messages"][-1]["role"] == "tool" else first
+
+    def last_tool(body: dict[str, Any]) -> str:
+        return str(next(m["content"] for m in reversed(body["messages"]) if m["role"] == "tool"))
+
+    child_model = llm_server.scenario([by_turn(calls(("look", {"x": 1})), lambda body: text("found it"))])
+    write_agent(
+        {
+            "slug": "helper",
+            "model": f"openai/{child_model}",
+            "apiBase": llm_server.url,
+            "tools": [record_tool("look", run.log)],
+        },
+        "helper.json",
+    )
+    parent_model = llm_server.scenario(
+        [by_turn(calls(("prompt_agent_helper", {"prompt": "look"})), lambda body: text(f"boss: {last_tool(body)}"))]
+    )
+    path = write_agent(
+        {
+            "slug": "boss",
+            "model": f"openai/{parent_model}",
+            "apiBase": llm_server.url,
+            "subAgents": ["helper.json"],
+            "budget": {"toolCalls": 5, "modelCalls": 10},
+        },
+        "boss.json",
+    )
+    try:
+        run.worker()
+        with Client(run.settings, inline=False) as client:
+            store = client.store
+            view = client.start(path, "go", run=True, timeout=120)
+            sid = view.session_id
+            assert view.state.value == "completed" and store.header(sid).response == "boss: found it"
+            tree = check_tree(store, sid)
+            assert len(tree) == 2 and tag_slot(tree[1]) == tag_slot(sid), "the child shares its parent's slot"
+            assert store.header(sid).spent.tool_calls == 2, "the child's tool call and the sub-agent call"
+            fork = store.fork_session(store.origin_at(sid, 1))
+            assert tag_slot(fork.header.session_id) == tag_slot(sid), "a fork lands beside its origin"
+    finally:
+        run.close()
+    assert (llm_server.count(parent_model), llm_server.count(child_model)) == (2, 2)
+    assert len(runs(run.log, "look", phase="start")) == 1
