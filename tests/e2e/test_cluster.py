@@ -196,3 +196,23 @@ def test_the_keys_of_scripts_and_stream_reads_are_read_from_the_command() -> Non
     assert _local_keys(("EVALSHA", "sha", 2, "a", "b", "x")) == ["a", "b"]
     assert _local_keys(("XREADGROUP", "GROUP", "g", "c", "COUNT", 5, "STREAMS", "s1", ">")) == ["s1"]
     assert _local_keys(("GET", "a")) is None
+
+
+def test_interrupts_published_from_every_primary_are_heard(store: Store) -> None:
+    """`session send --interrupt` publishes from inside the session's script, on its primary: the
+    Cluster carries the message to a listener subscribed through any node."""
+    import threading
+
+    from celery_agents.model import UserQuery
+    from tests.store.scenario import start
+
+    sids = [start(store, drive="auto") for _ in range(6)]
+    assert len({store.keys.shard_of(s) for s in sids}) > 1
+    heard = threading.Event()
+    watches = [store.watch_interrupts(s) for s in sids]
+    for w in watches:
+        w.on_notice(lambda version, queued: heard.set() if all(x.notices for x in watches) else None)
+    for sid in sids:
+        store.send_message(sid, UserQuery(text="stop"), interrupt=True)
+    assert heard.wait(10), [w.notices for w in watches]
+    assert all(w.notices == [(1, 1)] for w in watches)
