@@ -179,13 +179,13 @@ class Agents:
     """The bench's view of celery-agents on the benchmark's Redis: a store and a dispatcher
     (its Celery app named `main`)."""
 
-    def __init__(self, url: str, prefix: str, main: str = "bench_client") -> None:
+    def __init__(self, url: str, prefix: str, main: str = "bench_client", broker: str | None = None) -> None:
         from celery_agents.config import Settings
         from celery_agents.store import Store, client_for_url
         from celery_agents.tasks.config import Dispatcher, make_app
         from celery_agents.tools.resolve import parse_agent
 
-        self.settings = Settings(redis_url=url, prefix=prefix)
+        self.settings = Settings(redis_url=url, prefix=prefix, broker_url=broker)
         self.store = Store(client_for_url(url), self.settings)
         self.client: Any = self.store.client
         self.app = make_app(self.settings, main=main)

@@ -23,7 +23,10 @@ Starts a private redis-server on a free port (or uses `AGENTS_REDIS_URL`), then 
    `bench` extra is installed and a PostgreSQL server answers (`--dbos-url`, `DBOS_DATABASE_URL`,
    else the local one); otherwise `dbos_skipped` says why and its keys are absent;
 8. sessions under a fleet limit (`agents limits set`) below the rate a local model server answers
-   before it says 429 (`bench/limited.py`): wall time, 429s, calls per minute ÷ the limit.
+   before it says 429 (`bench/limited.py`): wall time, 429s, calls per minute ÷ the limit;
+9. with `--cluster`, phase 3's throughput again with state on a local 3-primary Redis Cluster (a
+   replica each; the queues on a Redis of their own): `cluster_steps_per_s` and
+   `cluster_vs_single_steps_per_s` (`bench/cluster_phase.py`).
 
 Prints one JSON object (`--json`) or a table. Every process it starts is ended on exit and on Ctrl-C.
 """
@@ -358,7 +361,9 @@ def versions(url: str) -> dict[str, Any]:
     }
 
 
-def run(quick: bool, workers: int, metrics_cost: bool = False, dbos_url: str | None = None) -> dict[str, Any]:
+def run(
+    quick: bool, workers: int, metrics_cost: bool = False, dbos_url: str | None = None, cluster: bool = False
+) -> dict[str, Any]:
     sizes = Sizes(quick)
     prefix = f"bench{uuid.uuid4().hex[:8]}"
     started = time.perf_counter()
@@ -385,6 +390,11 @@ def run(quick: bool, workers: int, metrics_cost: bool = False, dbos_url: str | N
         result.update(bench_limited(procs, url, prefix, workers, sizes.limited_sessions))
         if metrics_cost:
             result.update(bench_metrics_cost(procs, url, prefix, workers, sizes))
+        if cluster:
+            from bench.cluster_phase import bench_cluster
+
+            result.update(bench_cluster(procs, prefix, workers, sizes))
+            result["cluster_vs_single_steps_per_s"] = result["cluster_steps_per_s"] / result["steps_per_s"]
         result["samples"] = {
             "roundtrip": sizes.latency,
             "throughput": sizes.throughput,
@@ -567,6 +577,11 @@ def render(result: dict[str, Any]) -> str:
             ),
             ("  with ÷ without", result["metrics_throughput_on_vs_off"], ""),
         ]
+    if "cluster_steps_per_s" in result:
+        rows += [
+            ("steps/s on a 3-primary Redis Cluster", result["cluster_steps_per_s"], ""),
+            ("  Cluster ÷ one Redis", result["cluster_vs_single_steps_per_s"], ""),
+        ]
     lines = [
         f"celery-agents benchmark ({'quick' if result['quick'] else 'full'}; {result['workers']} steps processes; "
         f"{result['cores']} cores; redis-server {result['redis_server']})"
@@ -616,9 +631,15 @@ def main(argv: list[str] | None = None) -> int:
         "its own database there and drops it at the end (default: $DBOS_DATABASE_URL, else the local server "
         "over its unix socket, else 127.0.0.1:5432)",
     )
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="also run the throughput phase with state on a local 3-primary Redis Cluster (redis-server and "
+        "redis-cli 7 with cluster support)",
+    )
     args = parser.parse_args(argv)
     try:
-        result = run(args.quick, args.workers, args.metrics_port, args.dbos_url)
+        result = run(args.quick, args.workers, args.metrics_port, args.dbos_url, args.cluster)
     except KeyboardInterrupt:
         print("interrupted; every process the benchmark started was stopped", file=sys.stderr)
         return 130

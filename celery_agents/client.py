@@ -274,7 +274,8 @@ class Client:
 
     def agent_of(self, session_id: str) -> AgentSpec:
         """The agent (its verified spec) a session runs."""
-        return self.store.agent(self.store.header(self.resolve(session_id)).agent_hash)
+        sid = self.resolve(session_id)
+        return self.store.agent(self.store.header(sid).agent_hash, sid)
 
     def agent_slugs(self, session_ids: builtins.list[str]) -> dict[str, str]:
         """The agent slug of each of these sessions (those that exist)."""
@@ -607,7 +608,7 @@ class Client:
         from celery_agents.model.policy import disposition_for
 
         origin = self.store.origin_at(self.resolve(session_id), from_version)
-        spec = self.store.agent(origin.header.agent_hash)
+        spec = self.store.agent(origin.header.agent_hash, origin.header.session_id)
         recorded = {} if fresh else origin.recorded_after()
         if origin.entry.head == "LlmTurn":
             asked = [(c.name, _arguments(c.arguments)) for c in getattr(origin.turns[-1], "tool_calls", [])]

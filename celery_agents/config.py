@@ -214,7 +214,14 @@ class Settings:
         default=None,
         metadata=env(
             "AGENTS_ACK_REPLICAS",
-            "writes wait until this many replicas have them (WAIT); unset: 1 on Sentinel, else 0",
+            "writes wait until this many replicas have them (WAIT); unset: 1 on Sentinel or a Cluster, else 0",
+        ),
+    )
+    index_shards: Annotated[int, Field(ge=1, le=1024)] | None = field(
+        default=None,
+        metadata=env(
+            "AGENTS_INDEX_SHARDS",
+            "keys the global indexes are split into (one hash slot each); unset: 16 on a Cluster, else 1",
         ),
     )
     llm_attempts: Positive = field(
@@ -297,12 +304,24 @@ class Settings:
 
     @property
     def replicas_to_ack(self) -> int:
-        """How many replicas each write waits for: `AGENTS_ACK_REPLICAS`, else 1 on Sentinel
-        (a failover promotes a replica: one that has the write keeps it), else 0."""
+        """How many replicas each write waits for: `AGENTS_ACK_REPLICAS`, else 1 on Sentinel or a
+        Cluster (a failover promotes a replica: one that has the write keeps it), else 0."""
         if self.ack_replicas is not None:
             return self.ack_replicas
         scheme = (self.redis_url or "").split("://", 1)[0].lower()
-        return 1 if scheme in ("redis+sentinel", "rediss+sentinel") else 0
+        return 1 if scheme in ("redis+sentinel", "rediss+sentinel") or self.cluster else 0
+
+    @property
+    def cluster(self) -> bool:
+        """State lives on a Redis Cluster (`redis+cluster://`, `rediss+cluster://`)."""
+        return (self.redis_url or "").split("://", 1)[0].lower() in ("redis+cluster", "rediss+cluster")
+
+    @property
+    def shards(self) -> int:
+        """Keys each global index is split into: `AGENTS_INDEX_SHARDS`, else 16 on a Cluster, else 1."""
+        if self.index_shards is not None:
+            return self.index_shards
+        return 16 if self.cluster else 1
 
     @property
     def tracing_on(self) -> bool:

@@ -14,6 +14,7 @@ from celery_agents.model.recovery import worker_died
 from celery_agents.store import Store
 from celery_agents.store.durability import Persistence
 from celery_agents.store.health import Backlog, Rewound, Waiting
+from celery_agents.store.stream import GroupState
 from celery_agents.tasks.config import QUEUES
 from celery_agents.tasks.queues import QueueProbe
 
@@ -45,7 +46,15 @@ COMPLETIONS_STUCK_S = 30.0
 
 def _completions_check(store: Store) -> tuple[Check, dict[str, Any]]:
     """The completions stream's consumer group: (check, figures)."""
-    cs = store.completion_stream().state()
+    states = [stream.state() for stream in store.completion_streams()]
+    ages = [s.oldest_s for s in states if s.oldest_s is not None]
+    lags = [s.lag for s in states]
+    cs = GroupState(
+        waiting=sum(s.waiting for s in states),
+        pending=sum(s.pending for s in states),
+        lag=None if None in lags else sum(int(n or 0) for n in lags),
+        oldest_s=max(ages) if ages else None,
+    )
     stuck = cs.oldest_s is not None and cs.oldest_s > COMPLETIONS_STUCK_S
     unread = "?" if cs.lag is None else cs.lag
     detail = f"{cs.waiting} waiting ({cs.pending} read but not acknowledged, {unread} unread)"

@@ -149,6 +149,13 @@ class IncompatibleData(RedisRefused):
     """The Redis holds celery-agents data of a stored format this release does not read."""
 
 
+class BrokerMissing(AgentsError):
+    """Sessions live on a Redis Cluster and no `AGENTS_BROKER_URL` names where the queues live."""
+
+    code = "broker_missing"
+    exit_code = 2
+
+
 class WaitTimeout(AgentsError):
     """The wait for workers ran out; the work itself goes on."""
 

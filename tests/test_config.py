@@ -60,6 +60,7 @@ SET = {
         "10.0.0.0/8, ::1,192.168.1.1",
         tuple(map(ip_network, ["10.0.0.0/8", "::1", "192.168.1.1"])),
     ),
+    "AGENTS_INDEX_SHARDS": ("4", 4),
     "AGENTS_FAULT_PAUSE": ("after_commit", "after_commit"),
     "AGENTS_FAULT_PAUSE_SECONDS": ("1", 1.0),
     "AGENTS_FAULT_CLOCK_SHIFT": ("-3600", -3600.0),

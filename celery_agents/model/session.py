@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from celery_agents.model.admission import DEFAULT_PRIORITY
 from celery_agents.model.budget import BUDGET_KINDS, Budget, BudgetKind, Spend
+from celery_agents.model.slots import SUFFIX, id_in_slot, tag_slot
 from celery_agents.model.turns import Usage
 
 
@@ -47,8 +48,10 @@ Drive = Literal["manual", "auto"]
 
 def child_session_id(parent_id: str, call_field: str) -> str:
     """The id of the child session a sub-agent call starts: derived from the call, so that every
-    attempt to start it (a redelivered message, a worker after a crash) names the same session."""
-    return hashlib.sha256(f"child:{parent_id}:{call_field}".encode()).hexdigest()[:32]
+    attempt to start it (a redelivered message, a worker after a crash) names the same session. It
+    lands in its parent's Redis Cluster slot (model/slots.py), so that a session tree shares one."""
+    base = hashlib.sha256(f"child:{parent_id}:{call_field}".encode()).hexdigest()[: 32 - SUFFIX]
+    return id_in_slot(base, tag_slot(parent_id))
 
 
 class _Model(BaseModel):
@@ -161,6 +164,9 @@ class PendingCall(_Model):
     then: str | None = None
     #: lowercase hex SHA-256 of the canonical {"tool", "arguments"}: what a decision is bound to
     digest: str | None = None
+    #: the completions stream to XADD its completion to (`<prefix>:completions` on one Redis; the
+    #: stream of the session's index shard on a Cluster)
+    stream: str | None = None
 
 
 class QueuedMessage(_Model):

@@ -250,7 +250,7 @@ def token_wait(store: Store, token: str, by: str | None) -> Iterator[Watch]:
         return
     found = store.call_of_token(token)
     call = found[0] if found is not None else None
-    agent = _agent_of(store, found[1]) if found is not None else None
+    agent = _agent_of(store, found[1], token.partition(".")[0]) if found is not None else None
     tool = tool_label(agent, call.tool) if call is not None else "_other"
     attributes = {
         "agents.session_id": token.partition(".")[0],
@@ -268,9 +268,9 @@ def token_wait(store: Store, token: str, by: str | None) -> Iterator[Watch]:
             raise
 
 
-def _agent_of(store: Store, agent_hash: str) -> AgentSpec | None:
+def _agent_of(store: Store, agent_hash: str, session_id: str) -> AgentSpec | None:
     with contextlib.suppress(Exception):  # a missing or unsigned spec: the tool is `_other`
-        return store.agent(agent_hash)
+        return store.agent(agent_hash, session_id)
     return None
 
 

@@ -53,7 +53,7 @@ def run_call(store: Store, session_id: str, field: str, tools: ToolPort, owner: 
     store.mark_call_started(session_id, field, owner)
     try:
         try:
-            agent = store.agent(found.agent_hash)
+            agent = store.agent(found.agent_hash, session_id)
         except UntrustedSpec as exc:
             body = outcome_json(CallState.FAILED, error=f"not run: {exc.message}", now=time.time(), attempts=0)
             event = {"call_id": call.call_id, "tool": call.tool, "state": CallState.FAILED.value}

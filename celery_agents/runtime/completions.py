@@ -40,7 +40,10 @@ from celery_agents.runtime.faults import checkpoint
 from celery_agents.scheduler.machine import schema_digest
 from celery_agents.store import COMPLETIONS_GROUP, Decision, Store, completion_json
 from celery_agents.store.codec import token_message
-from celery_agents.store.stream import GroupMissing
+from celery_agents.store.stream import CompletionStream, GroupMissing
+
+#: on several streams (a Cluster), the pause after a round that found nothing (s)
+POLL_S = 0.05
 
 log = logging.getLogger("celery_agents.completions")
 
@@ -154,7 +157,8 @@ def decide(
         text = f"rejected: {reason.strip()}" if reason and reason.strip() else "rejected: a person declined the call"
         decision = Decision("reject", "rejected", digest=call.digest())
         return complete(store, token, text, is_error=True, by=by, wake=wake, entry=entry, decision=decision)
-    if store.settings.spec_key is None and store.spec_signed(agent_hash):
+    sid = token.strip().partition(".")[0]
+    if store.settings.spec_key is None and store.spec_signed(agent_hash, sid):
         # Recorded unsealed, the approval would be refused by every worker holding the key, and the
         # call would fail later; the person is told now and nothing is recorded.
         raise UntrustedSpec(
@@ -162,7 +166,7 @@ def decide(
             "process's environment (without it no worker would run the approved call); nothing was recorded",
             agent_hash=agent_hash,
         )
-    agent = store.agent(agent_hash)
+    agent = store.agent(agent_hash, sid)
     approved = call.arguments if arguments is None else _checked_arguments(agent, call, arguments)
     outcome: Literal["approved", "edited"] = "approved" if approved == call.arguments else "edited"
     tool = agent.tool(call.tool)
@@ -211,30 +215,47 @@ class CompletionConsumer:
     ) -> None:
         self.store, self.name, self.wake, self.dispatch = store, name, wake, dispatch
         self.batch = batch
-        self.stream = store.completion_stream()
-        self._taken_over = False
+        #: every index shard's stream (one on a single Redis)
+        self.streams = store.completion_streams()
+        self.stream = self.streams[0]
+        self._taken_over = [False] * len(self.streams)
 
     def poll(self, block_ms: int | None = None) -> int:
-        """Apply what waits; returns how many entries were handled."""
+        """Apply what waits; returns how many entries were handled. With one stream, waits up to
+        `block_ms` for one (XREADGROUP BLOCK); with several (a Cluster's shards: one BLOCK cannot
+        span slots), reads each in turn and, when none had any, pauses `POLL_S` (at most
+        `block_ms`) before returning."""
+        if len(self.streams) == 1:
+            return self._poll_one(0, block_ms)
+        handled = sum(self._poll_one(i, None) for i in range(len(self.streams)))
+        if not handled and block_ms:
+            time.sleep(min(POLL_S, block_ms / 1000))
+        return handled
+
+    def _poll_one(self, i: int, block_ms: int | None) -> int:
+        stream = self.stream = self.streams[i]
         entries = []
-        if not self._taken_over:
-            self.stream.ensure_group()
-            entries = self.stream.claim_all(self.name, self.batch)
-            self._taken_over = True
+        if not self._taken_over[i]:
+            stream.ensure_group()
+            entries = stream.claim_all(self.name, self.batch)
+            self._taken_over[i] = True
         try:
-            entries += self.stream.read_new(self.name, self.batch, None if entries else block_ms)
+            entries += stream.read_new(self.name, self.batch, None if entries else block_ms)
         except GroupMissing:
-            self._taken_over = False  # the stream was deleted meanwhile: make the group again
+            self._taken_over[i] = False  # the stream was deleted meanwhile: make the group again
         if entries:
             checkpoint("completion_read", self.store, entries[0][0])
         for eid, fields in entries:
-            self.apply(eid, fields)
+            self.apply(eid, fields, stream)
         return len(entries)
 
-    def apply(self, entry_id: str, raw_fields: dict[bytes, bytes]) -> CompletionOutcome | None:
-        """Apply one entry, or record why not; then acknowledge it. A Redis failure leaves it
-        pending in the group, to be taken over."""
+    def apply(
+        self, entry_id: str, raw_fields: dict[bytes, bytes], stream: CompletionStream | None = None
+    ) -> CompletionOutcome | None:
+        """Apply one entry of `stream` (default: the one read last), or record why not; then
+        acknowledge it. A Redis failure leaves it pending in the group, to be taken over."""
         store = self.store
+        stream = stream or self.stream
         token, by = (_shown(raw_fields.get(name, b"")).strip() for name in (b"token", b"by"))
         done: CompletionOutcome | None = None
         try:
@@ -268,7 +289,7 @@ class CompletionConsumer:
             log.exception("completion %s could not be applied", entry_id)
             self._reject(entry_id, token, by, "apply_failed", f"{type(exc).__name__}: {exc}")
         # Through an outage like the completion itself: unacknowledged, the next consumer takes it again.
-        store.through_outage(lambda: self.stream.ack(entry_id))
+        store.through_outage(lambda: stream.ack(entry_id))
         return done
 
     def _decide(self, token: str, fields: dict[str, str], entry_id: str) -> CompletionOutcome:

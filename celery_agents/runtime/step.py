@@ -243,7 +243,7 @@ def _decide(
             update={"grants": trusted_grants(store.settings.spec_key, header.session_id, header.grants)}
         )
     checkpoint("step_begun", store, header.session_id)
-    agent = store.agent(header.agent_hash)
+    agent = store.agent(header.agent_hash, header.session_id)
     fence = parts.fence
     ports = Ports(
         llm=FencedLlm(store, parts.limited, fence, parts.live),

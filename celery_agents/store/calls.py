@@ -14,6 +14,7 @@ from celery_agents.store.codec import merge_outcome, outcome_json, pending_view,
 from celery_agents.store.core import StoreCore
 from celery_agents.store.counters import Counts, counter_field, counts_json
 from celery_agents.store.ids import check_session_id, parse_token
+from celery_agents.store.keys import Keys
 from celery_agents.store.records import Finished
 from celery_agents.store.signing import decision_seal, sealed_grant
 
@@ -75,7 +76,7 @@ class CallStore(StoreCore):
         """The call a token of a pending deferred call waits on, and its session's agent hash;
         `UnknownToken` when there is none (decided, expired and cancelled tokens answer theirs; one
         decided by the completions stream entry `entry` itself says so with `same_entry`)."""
-        sid, secret = parse_token(token)
+        sid, secret = self._token_parts(token)
         state, field, by_entry = cast(
             "list[str | None]", self.client.hmget(self.keys.token(sid, secret), ["state", "field", "entry"])
         )
@@ -131,7 +132,7 @@ class CallStore(StoreCore):
         completed by that same entry before raises `TokenAlreadyCompleted` with `same_entry`.
         `decision`: approve or reject an approval gate (`Decision`); an approved gate is returned
         with `delegated` (its field: publish the call)."""
-        sid, secret = parse_token(token)
+        sid, secret = self._token_parts(token)
         tkey = self.keys.token(sid, secret)
         expired = outcome_json(CallState.EXPIRED, now=time.time() if now is None else now, attempts=0)
         approves = "0" if json.loads(outcome).get("state") == CallState.FAILED.value else "1"
@@ -183,9 +184,10 @@ class CallStore(StoreCore):
         """Keep a completion that changed nothing where an operator sees it (`agents doctor`), and
         count it (`agents_completions_total{outcome=<reason>}`) in the same round trip."""
         now = time.time() if now is None else now
+        shard = self._token_shard(token)
         pipe = self.client.pipeline(transaction=True)
         pipe.xadd(
-            self.keys.rejected,
+            shard.rejected,
             {
                 "token": token[:200],
                 "reason": reason,
@@ -197,14 +199,27 @@ class CallStore(StoreCore):
             maxlen=10_000,
             approximate=True,
         )
-        pipe.hincrby(self.keys.counters, counter_field(("completions", reason[:40])), 1)
+        pipe.hincrby(shard.counters, counter_field(("completions", reason[:40])), 1)
         pipe.execute()
+
+    def _token_parts(self, token: str) -> tuple[str, str]:
+        """(session id, secret) of a token this system made: on index shards, a session id in no
+        shard's slot names no session, so the token is unknown."""
+        sid, secret = parse_token(token)
+        if not self.keys.owns(sid):
+            raise UnknownToken(token_message("unknown", token), token=token)
+        return sid, secret
+
+    def _token_shard(self, token: str) -> Keys:
+        """The index shard of the session a token names; shard 0 for what names none."""
+        sid = token.strip().partition(".")[0]
+        return self.keys.for_session(sid) if self.keys.owns(sid) else self.keys
 
     def call_of_token(self, token: str) -> tuple[TrackedCall, str] | None:
         """The deferred call a token completes and its session's agent hash, or None (unknown
         token); two round trips, taken only when metrics or traces want the call."""
         try:
-            sid, secret = parse_token(token)
+            sid, secret = self._token_parts(token)
         except UnknownToken:
             return None
         field = self.client.hget(self.keys.token(sid, secret), "field")
@@ -222,11 +237,11 @@ class CallStore(StoreCore):
         """Expire a deferred call if its deadline has passed by Redis's clock (or by `now`)."""
         raw = self.client.hget(self.keys.calls(session_id), field)
         if raw is None:
-            self.client.zrem(self.keys.deadlines, f"{session_id} {field}")
+            self.client.zrem(self.keys.for_session(session_id).deadlines, f"{session_id} {field}")
             return Finished(status="gone")
         call = TrackedCall.model_validate_json(raw)
         if not call.token:
-            self.client.zrem(self.keys.deadlines, f"{session_id} {field}")
+            self.client.zrem(self.keys.for_session(session_id).deadlines, f"{session_id} {field}")
             return Finished(status="gone")
         tkey = self.keys.token(session_id, parse_token(call.token)[1])
         outcome = outcome_json(CallState.EXPIRED, now=time.time() if now is None else now, attempts=0)
@@ -246,44 +261,55 @@ class CallStore(StoreCore):
     def extend_token(self, token: str, seconds: float) -> PendingCall:
         """Move a pending deferred call's deadline to now + `seconds` (Redis's clock); the call as
         `pending` lists it. The token's conflict when it was decided, expired or cancelled."""
-        sid, secret = parse_token(token)
+        sid, secret = self._token_parts(token)
         res = self._run(
             "extend_token",
             sid,
             [int(seconds * 1000)],
-            extra_keys=(self.keys.token(sid, secret), self.keys.expiring),
+            extra_keys=(self.keys.token(sid, secret), self.keys.for_session(sid).expiring),
         )
         if res[0] != "ok":
             err = TOKEN_ERRORS.get(res[0], UnknownToken)
             raise err(token_message(res[0], token), token=token)
         call, _ = self.token_call(token)
-        return pending_view(sid, call.model_copy(update={"expires_at": int(res[1]) / 1000}))
+        stream = self.keys.for_session(sid).completions
+        return pending_view(sid, call.model_copy(update={"expires_at": int(res[1]) / 1000}), stream=stream)
 
     def warn_due(self, now: float, limit: int = 100) -> int:
         """Write `call_expiring` for each deferred call whose warning is due (the worker sweeper);
         how many were written."""
-        members = cast(
-            "list[str]", self.client.zrangebyscore(self.keys.expiring, "-inf", int(now * 1000), start=0, num=limit)
-        )
+        members = self._due("expiring", now, limit)
         written = 0
         for member in members:
             sid, field = member.split(" ", 1)
             raw = self.client.hget(self.keys.calls(sid), field)
             call = TrackedCall.model_validate_json(raw) if raw else None
+            expiring = self.keys.for_session(sid).expiring
             if call is None or not call.token:
-                self.client.zrem(self.keys.expiring, member)
+                self.client.zrem(expiring, member)
                 continue
             tkey = self.keys.token(sid, parse_token(call.token)[1])
-            res = self._run("warn_call", sid, [field], extra_keys=(tkey, self.keys.expiring), now=now)
+            res = self._run("warn_call", sid, [field], extra_keys=(tkey, expiring), now=now)
             written += res[0] == "ok"
         return written
 
     def due_deadlines(self, now: float, limit: int = 100) -> list[tuple[str, str]]:
-        members = cast(
-            "list[str]", self.client.zrangebyscore(self.keys.deadlines, "-inf", int(now * 1000), start=0, num=limit)
-        )
+        members = self._due("deadlines", now, limit)
         # Members are written "<session id> <field>" (store/lua/): each splits in two.
         return [cast("tuple[str, str]", tuple(m.split(" ", 1))) for m in members]
+
+    def _due(self, index: str, now: float, limit: int) -> list[str]:
+        """Members of every shard's `index` (a `Keys` property) due by `now`, soonest first."""
+        if self.keys.shards == 1:
+            return cast(
+                "list[str]",
+                self.client.zrangebyscore(getattr(self.keys, index), "-inf", int(now * 1000), start=0, num=limit),
+            )
+        pipe = self.client.pipeline(transaction=False)
+        for shard in self.keys.all_shards():
+            pipe.zrangebyscore(getattr(shard, index), "-inf", int(now * 1000), start=0, num=limit, withscores=True)
+        rows = sorted((row for chunk in pipe.execute() for row in chunk), key=lambda r: r[1])
+        return [member for member, _ in rows[:limit]]
 
     def expire_due(self, now: float | None = None) -> list[tuple[str, Finished]]:
         """Expire every deferred call whose deadline has passed (what the worker sweeper does);

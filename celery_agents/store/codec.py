@@ -106,9 +106,9 @@ def unfinished_rows(
     return sorted((row for row in rows if not row[0].state.final), key=lambda row: (row[0].batch, row[0].position))
 
 
-def pending_view(session_id: str, call: TrackedCall, started: bool = True) -> PendingCall:
+def pending_view(session_id: str, call: TrackedCall, started: bool = True, stream: str | None = None) -> PendingCall:
     """`started`: a worker (or the CLI) has begun running a dispatched call; until then its
-    state reads `queued`."""
+    state reads `queued`. `stream`: the completions stream of the session's index shard."""
     state = call.state.value
     if call.state == CallState.RUNNING and not started:
         state = "queued"
@@ -126,6 +126,7 @@ def pending_view(session_id: str, call: TrackedCall, started: bool = True) -> Pe
         kind=("approval" if call.then else "result") if call.state == CallState.DEFERRED else None,
         then=call.then,
         digest=call.digest() if call.state == CallState.DEFERRED else None,
+        stream=stream,
     )
 
 

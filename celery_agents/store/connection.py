@@ -9,6 +9,12 @@ dropped, and the next ones go to the promoted replica, so a worker follows the m
 restart. Unless `AGENTS_BROKER_URL` says otherwise the queues follow the same sentinels through
 kombu's `sentinel://` transport. The credentials in the URL are the Redis servers'; sentinels that
 ask for a password of their own get it from `?sentinel_password=` (and `sentinel_username=`).
+
+`redis+cluster://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…]` (`rediss+cluster://` for TLS) names a
+Redis Cluster for state: redis-py's cluster client learns the slots from any node it reaches and
+follows MOVED and ASK (a slot migrated) and a replica promoted. Celery's queues cannot live on a
+Cluster: they need `AGENTS_BROKER_URL` (RabbitMQ, or a Redis or Sentinel URL), and `broker_url`
+refuses without one (`BrokerMissing`).
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from __future__ import annotations
 import ssl
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qsl, quote, unquote
 
 
@@ -39,13 +45,16 @@ _import_redis()
 
 import redis  # noqa: E402
 import redis.client  # noqa: E402
+import redis.cluster  # noqa: E402
 from redis.backoff import ExponentialBackoff  # noqa: E402
+from redis.exceptions import NoScriptError  # noqa: E402
 from redis.retry import Retry  # noqa: E402
 from redis.sentinel import Sentinel  # noqa: E402
 
 from celery_agents.config import Settings  # noqa: E402
-from celery_agents.errors import RedisRefused, RedisUnavailable  # noqa: E402
+from celery_agents.errors import BrokerMissing, RedisRefused, RedisUnavailable  # noqa: E402
 from celery_agents.store.embedded import EmbeddedRedis  # noqa: E402
+from celery_agents.store.outage import UNREACHABLE  # noqa: E402
 
 #: Connections one client may open at once. A steps process runs up to 200 steps on threads (more
 #: with `--step-threads`), each with a Redis call in flight; redis-py 8 caps a pool at 100 unless
@@ -56,6 +65,8 @@ MAX_CONNECTIONS = 10_000
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 SENTINEL_FORM = "redis+sentinel://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…]/MASTER[/DB] (rediss+sentinel:// for TLS)"
 SENTINEL_PORT = 26379
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+CLUSTER_FORM = "redis+cluster://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…] (rediss+cluster:// for TLS)"
 
 _CERT_REQS = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
 _SSL_OPTIONS = ("ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
@@ -76,6 +87,55 @@ class SentinelUrl:
     ssl_options: dict[str, Any] = field(default_factory=dict)
     sentinel_username: str | None = None
     sentinel_password: str | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class ClusterUrl:
+    """What a `redis+cluster://` URL names: nodes to learn the cluster from."""
+
+    nodes: tuple[tuple[str, int], ...]
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    tls: bool = False
+    ssl_options: dict[str, Any] = field(default_factory=dict)
+
+
+def is_cluster_url(url: str | None) -> bool:
+    return bool(url) and str(url).split("://", 1)[0].lower() in CLUSTER_SCHEMES
+
+
+def parse_cluster_url(url: str) -> ClusterUrl:
+    """The parts of a `redis+cluster://` URL; ValueError naming what is wrong and the form."""
+
+    def bad(why: str) -> ValueError:
+        return ValueError(f"invalid Cluster URL: {why}; the form is {CLUSTER_FORM}")
+
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() not in CLUSTER_SCHEMES:
+        raise bad(f"{scheme or url!r} is not a Cluster URL scheme")
+    rest, _, query = rest.partition("?")
+    netloc, _, path = rest.partition("/")
+    if path.strip("/") not in ("", "0"):
+        raise bad(f"a Cluster has database 0 only, not {path!r}")
+    credentials, at, hosts = netloc.rpartition("@")
+    username, password = _credentials(credentials) if at else (None, None)
+    try:
+        nodes = tuple(_host(h, 6379) for h in hosts.split(",") if h.strip())
+    except ValueError as exc:
+        raise bad(str(exc).split(";")[0].removeprefix("invalid Sentinel URL: ")) from None
+    if not nodes:
+        raise bad("no HOST:PORT")
+    options = dict(parse_qsl(query, keep_blank_values=True))
+    unknown = sorted(set(options) - set(_SSL_OPTIONS))
+    if unknown:
+        raise bad(f"unknown option {', '.join(unknown)} (known: {', '.join(_SSL_OPTIONS)})")
+    return ClusterUrl(
+        nodes=nodes,
+        username=username,
+        password=password,
+        tls=scheme.lower() == "rediss+cluster",
+        ssl_options=_ssl_options(options),
+    )
 
 
 def is_sentinel_url(url: str | None) -> bool:
@@ -128,7 +188,7 @@ def _credentials(text: str) -> tuple[str | None, str | None]:
     return (unquote(user) or None), (unquote(password) if colon else None)
 
 
-def _host(text: str) -> tuple[str, int]:
+def _host(text: str, default_port: int = SENTINEL_PORT) -> tuple[str, int]:
     text = text.strip()
     if text.startswith("["):  # [IPv6]:PORT
         host, _, port = text[1:].partition("]")
@@ -139,7 +199,7 @@ def _host(text: str) -> tuple[str, int]:
         raise _bad(f"no HOST in {text!r}")
     if port and not port.isdigit():
         raise _bad(f"{port!r} is not a port")
-    return host, int(port) if port else SENTINEL_PORT
+    return host, int(port) if port else default_port
 
 
 def _ssl_options(options: dict[str, str]) -> dict[str, Any]:
@@ -152,8 +212,8 @@ def _ssl_options(options: dict[str, str]) -> dict[str, Any]:
     return out
 
 
-#: redis-py's errors that mean Redis is out of reach (BusyLoadingError is a ConnectionError)
-_UNREACHED = (redis.ConnectionError, redis.TimeoutError)
+#: redis-py's errors that mean Redis is out of reach (store/outage.py `UNREACHABLE`)
+_UNREACHED = UNREACHABLE
 
 
 _OURS: dict[type[redis.RedisError], type[redis.RedisError]] = {}
@@ -216,6 +276,156 @@ class StatePipeline(redis.client.Pipeline):
             raise translated(exc) from None
 
 
+def _local_keys(args: tuple[Any, ...]) -> list[Any] | None:
+    """The keys of the commands with "movable" keys that the store sends, read from the command
+    itself; None for any other command. redis-py asks the cluster's default node (COMMAND GETKEYS,
+    a round trip) for these, and when that node is the primary just killed, every such command
+    fails until the client is made again: a failover would stop every worker."""
+    name = str(args[0]).upper()
+    if name in ("EVAL", "EVALSHA") and len(args) > 2:
+        return list(args[3 : 3 + int(args[2])])
+    if name in ("XREAD", "XREADGROUP"):
+        upper = [str(a).upper() for a in args]
+        if "STREAMS" in upper:
+            rest = args[upper.index("STREAMS") + 1 :]
+            return list(rest[: len(rest) // 2])
+    return None
+
+
+class _KeysHere:
+    """`_get_command_keys` answered without asking the default node where the command says."""
+
+    def _get_command_keys(self, *args: Any) -> Any:
+        keys = _local_keys(args)
+        if keys is not None:
+            return keys
+        return super()._get_command_keys(*args)  # type: ignore[misc]
+
+
+def _cluster_unreached(exc: Exception) -> redis.RedisError:
+    """redis-py's SlotNotCoveredError, not a `RedisError` (no node serves a slot, for a moment
+    during a failover), as a ConnectionError that is the project's `RedisUnavailable`: waited out
+    like any outage."""
+    return translated(redis.ConnectionError(f"no node serves the slot: {exc}"))
+
+
+class StateCluster(_KeysHere, redis.cluster.RedisCluster):
+    """The client of a Redis Cluster holding sessions: errors translated as `StateRedis`'s, and
+    pipelines that take what the store sends them (`StateClusterPipeline`)."""
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        try:
+            return super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
+        except redis.RedisError as exc:
+            raise translated(exc) from None
+        except redis.exceptions.SlotNotCoveredError as exc:
+            raise _cluster_unreached(exc) from None
+
+    def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> Any:
+        return StateClusterPipeline(
+            self,
+            nodes_manager=self.nodes_manager,
+            commands_parser=self.commands_parser,
+            startup_nodes=self.nodes_manager.startup_nodes,
+            result_callbacks=self.result_callbacks,
+            cluster_response_callbacks=self.cluster_response_callbacks,
+            read_from_replicas=self.read_from_replicas,
+            load_balancing_strategy=self.load_balancing_strategy,
+            reinitialize_steps=self.reinitialize_steps,
+            retry=self.retry,
+            lock=self._lock,
+            transaction=transaction,
+            event_dispatcher=self._event_dispatcher,
+        )
+
+    def node_of(self, key: str) -> Any:
+        """The primary holding `key`'s slot now (as this client last learnt it)."""
+        return self.get_node_from_key(key)  # type: ignore[no-untyped-call]
+
+
+class StateClusterPipeline(_KeysHere, redis.cluster.ClusterPipeline):
+    """A pipeline of `StateCluster`. redis-py refuses EVALSHA, MGET, TIME and PUBLISH in a cluster
+    pipeline because each could span slots; the store sends them for one slot only (a script's
+    KEYS are one slot: tests/store/test_cluster_layout.py), so they are queued like any command.
+    A script queued with `queue_script` that a node does not have (a promoted replica: Redis does
+    not replicate its script cache) is loaded and sent again on its own, once: NOSCRIPT means it
+    did nothing."""
+
+    def __init__(self, parent: StateCluster, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._parent = parent
+        self._sources: dict[int, str] = {}
+
+    def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> Any:
+        return self.execute_command("EVALSHA", sha, numkeys, *keys_and_args)
+
+    def mget(self, keys: Any, *args: Any) -> Any:
+        names = [keys, *args] if isinstance(keys, str) else [*keys, *args]
+        return self.execute_command("MGET", *names)
+
+    def time(self, **kwargs: Any) -> Any:
+        return self.execute_command("TIME", **kwargs)
+
+    def publish(self, channel: Any, message: Any, **kwargs: Any) -> Any:
+        return self.execute_command("PUBLISH", channel, message, **kwargs)
+
+    def queue_script(self, sha: str, source: str, keys: list[str], args: list[Any]) -> Any:
+        """Queue EVALSHA of a script whose `source` is loaded again where a node lacks it."""
+        self._sources[len(self)] = source
+        return self.execute_command("EVALSHA", sha, len(keys), *keys, *args)
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        try:
+            return super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
+        except redis.RedisError as exc:
+            raise translated(exc) from None
+
+    def execute(self, raise_on_error: bool = True) -> list[Any]:
+        try:
+            return self._execute(raise_on_error)
+        except redis.exceptions.SlotNotCoveredError as exc:
+            raise _cluster_unreached(exc) from None
+
+    def _execute(self, raise_on_error: bool) -> list[Any]:
+        """The replies; a pipeline that could not reach a node keeps its commands, so that sending
+        it again (the store's wait through an outage: `through_outage(pipe.execute)`) sends them
+        all, not an empty pipeline (redis-py empties it whatever happened)."""
+        stack = list(self._execution_strategy.command_queue)
+        queued = [(c.args, dict(c.options)) for c in stack]
+        sources, self._sources = self._sources, {}
+        try:
+            replies = super().execute(raise_on_error=not sources and raise_on_error)
+        except _UNREACHED as exc:
+            self._execution_strategy.reset()  # type: ignore[no-untyped-call]
+            for args, options in queued:
+                super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
+            self._sources = sources
+            raise translated(exc) from None
+        except redis.RedisError as exc:
+            raise translated(exc) from None
+        if sources:
+            self._send_again(stack, sources, replies)
+            if raise_on_error:
+                for reply in replies:
+                    if isinstance(reply, redis.RedisError):
+                        raise translated(reply)
+        return replies
+
+    def _send_again(self, stack: list[Any], sources: dict[int, str], replies: list[Any]) -> None:
+        """The scripts a node answered NOSCRIPT to: loaded on every primary, then run again."""
+        missing = [i for i in sources if isinstance(replies[i], NoScriptError)]
+        if not missing:
+            return
+        client = self._parent
+        for i in missing:
+            client.script_load(sources[i])
+        for i in missing:
+            try:
+                replies[i] = client.execute_command(*stack[i].args)
+            except redis.RedisError as exc:
+                replies[i] = exc
+
+
 def _client_options() -> dict[str, Any]:
     return {
         "max_connections": MAX_CONNECTIONS,
@@ -236,7 +446,27 @@ def client_for_url(url: str) -> redis.Redis:
     ACL users included)."""
     if is_sentinel_url(url):
         return _sentinel_client(parse_sentinel_url(url))
+    if is_cluster_url(url):
+        return _cluster_client(parse_cluster_url(url))
     return StateRedis.from_url(url, **_client_options())
+
+
+def _cluster_client(url: ClusterUrl) -> redis.Redis:
+    tls = {"ssl": True, **url.ssl_options} if url.tls else {}
+    options = _client_options()
+    options.pop("retry_on_error")
+    options.pop("retry")
+    cluster = StateCluster(
+        startup_nodes=[redis.cluster.ClusterNode(host, port) for host, port in url.nodes],  # type: ignore[no-untyped-call]
+        username=url.username,
+        password=url.password,
+        # MOVED, ASK, TRYAGAIN and a node down (a replica being promoted) are retried with a
+        # backoff, for ~3 s in all: then the store's own outage bound takes over.
+        retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 10),
+        **tls,
+        **options,
+    )
+    return cast("redis.Redis", cluster)
 
 
 def _sentinel_client(url: SentinelUrl) -> redis.Redis:
@@ -270,8 +500,15 @@ def _broker_source(settings: Settings) -> str:
 
 def broker_url(settings: Settings) -> str:
     """The Celery broker as kombu names it: `AGENTS_BROKER_URL`, else the state Redis (a unix
-    socket as `redis+socket://`, Sentinel as kombu's `sentinel://…;sentinel://…/DB`)."""
+    socket as `redis+socket://`, Sentinel as kombu's `sentinel://…;sentinel://…/DB`). State on a
+    Cluster and no `AGENTS_BROKER_URL`: `BrokerMissing`."""
     url = _broker_source(settings)
+    if is_cluster_url(url):
+        raise BrokerMissing(
+            "celery-agents keeps sessions on a Redis Cluster (AGENTS_REDIS_URL) but Celery's queues cannot live "
+            "there: set AGENTS_BROKER_URL to RabbitMQ (amqp://…) or to a separate Redis or Sentinel "
+            "(redis://…, redis+sentinel://…)"
+        )
     if url.split("://", 1)[0].lower() == "sentinel":
         raise ValueError(
             f"AGENTS_BROKER_URL: kombu's sentinel:// form cannot name the master; write it {SENTINEL_FORM}"

@@ -45,7 +45,7 @@ class StoreCore:
         self.client = client
         self.settings = settings or Settings()
         self.outage = OutageWatch(outage_seconds)
-        self.keys = Keys(self.settings.prefix)
+        self.keys = Keys(self.settings.prefix, self.settings.shards)
         self.acks = ReplicaAcks(self.settings.replicas_to_ack)
         self.scripts = Scripts(client, self.acks)
         self._agents: dict[str, AgentSpec] = {}
@@ -102,12 +102,15 @@ class StoreCore:
         sec, usec = self.client.time()
         return sec + usec / 1_000_000
 
-    def agent(self, content_hash: str) -> AgentSpec:
-        """The agent spec stored under a hash, cached in this process (specs never change)."""
+    def agent(self, content_hash: str, session_id: str | None = None) -> AgentSpec:
+        """The agent spec stored under a hash, cached in this process (specs never change). Specs
+        are stored in each index shard that has a session of theirs: `session_id` names one (with
+        one shard, it may be left out)."""
         spec = self._agents.get(content_hash)
         if spec is None:
             key = self.settings.spec_key
-            names = [self.keys.agent(content_hash), self.keys.agent_signature(content_hash)]
+            keys = self.keys.for_session(session_id) if session_id else self.keys
+            names = [keys.agent(content_hash), keys.agent_signature(content_hash)]
             raw, signature = cast("list[str | None]", self.through_outage(lambda: self.client.mget(names)))
             if raw is None:
                 raise UnknownSession(f"the agent spec {content_hash} is missing from Redis")
@@ -121,9 +124,9 @@ class StoreCore:
             self._agents[content_hash] = spec
         return spec
 
-    def spec_signed(self, content_hash: str) -> bool:
+    def spec_signed(self, content_hash: str, session_id: str | None = None) -> bool:
         """Whether a signature was stored beside the spec (it was stored with AGENTS_SPEC_KEY set)."""
-        name = self.keys.agent_signature(content_hash)
+        name = (self.keys.for_session(session_id) if session_id else self.keys).agent_signature(content_hash)
         return bool(self.through_outage(lambda: self.client.exists(name)))
 
     def header(self, session_id: str) -> SessionHeader:

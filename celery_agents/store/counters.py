@@ -41,8 +41,19 @@ def counts_json(counts: Counts) -> str:
 
 def read_counters(client: redis.Redis, keys: Keys) -> dict[CounterKey, float]:
     """Every counter of the fleet, read at once (counts are whole; the spend in USD is not)."""
-    raw = cast("dict[str, str]", client.hgetall(keys.counters))
-    return {tuple(field.split(SEP)): _number(value) for field, value in raw.items()}
+    out: dict[CounterKey, float] = {}
+    if keys.shards == 1:
+        raws = [cast("dict[str, str]", client.hgetall(keys.counters))]
+    else:  # each index shard counts the work of its sessions: the fleet's count is their sum
+        pipe = client.pipeline(transaction=False)
+        for shard in keys.all_shards():
+            pipe.hgetall(shard.counters)
+        raws = pipe.execute()
+    for raw in raws:
+        for field, value in raw.items():
+            key = tuple(field.split(SEP))
+            out[key] = out.get(key, 0) + _number(value)
+    return out
 
 
 def _number(text: str) -> float:

@@ -63,7 +63,8 @@ class Fleet:
         return bool(turn.acquire(blocking=False, token=name))
 
     def completions_turn(self, holder: str) -> Turn:
-        """The turn of the one worker applying the completions stream (entries apply in stream order)."""
+        """The turn of the one worker applying the completions streams (entries apply in stream
+        order): every index shard's stream, one worker at a time."""
         lock = Lock(self.client, self.keys.lock("completions"), timeout=COMPLETIONS_LOCK_S, thread_local=False)
         return Turn(lock, holder)
 
@@ -72,11 +73,19 @@ class Fleet:
         return QueueLists(self.client)
 
     def completion_stream(self) -> CompletionStream:
+        """Index shard 0's completions stream (the only one on a single Redis)."""
         return CompletionStream(self.client, self.keys.completions, COMPLETIONS_GROUP)
 
+    def completion_streams(self) -> list[CompletionStream]:
+        """Every index shard's completions stream, shard 0 first."""
+        return [CompletionStream(self.client, k.completions, COMPLETIONS_GROUP) for k in self.keys.all_shards()]
+
     def completions_waiting(self) -> int:
-        """Entries in the completions stream (applied ones are deleted: these all wait)."""
-        return int(self.client.xlen(self.keys.completions))
+        """Entries in the completions streams (applied ones are deleted: these all wait)."""
+        pipe = self.client.pipeline(transaction=False)
+        for k in self.keys.all_shards():
+            pipe.xlen(k.completions)
+        return sum(int(n) for n in pipe.execute())
 
     def redis_uptime(self) -> float | None:
         """Seconds since the Redis server started (None where INFO is not allowed)."""

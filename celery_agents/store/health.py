@@ -83,26 +83,28 @@ class Health:
 
     def backlog(self, now: float, owed_grace: float) -> Backlog:
         """Index sizes, in one round trip."""
-        k = self.keys
         pipe = self.client.pipeline(transaction=False)
-        pipe.zcount(k.owed, "-inf", "+inf")
-        pipe.zcount(k.owed, "-inf", int((now - owed_grace) * 1000))
-        pipe.zcard(k.pending_all)
-        pipe.zcount(k.deadlines, "-inf", int(now * 1000))
-        pipe.exists(k.rejected)
-        pipe.xlen(k.rejected)
-        pipe.llen(k.poison)
-        for state in COUNTED_STATES:
-            pipe.zcard(k.state_index(state))
-        owed, stuck, pending, overdue, has_rejected, rejected, poison, *states = pipe.execute()
+        pipe.llen(self.keys.poison)
+        for k in self.keys.all_shards():
+            pipe.zcount(k.owed, "-inf", "+inf")
+            pipe.zcount(k.owed, "-inf", int((now - owed_grace) * 1000))
+            pipe.zcard(k.pending_all)
+            pipe.zcount(k.deadlines, "-inf", int(now * 1000))
+            pipe.exists(k.rejected)
+            pipe.xlen(k.rejected)
+            for state in COUNTED_STATES:
+                pipe.zcard(k.state_index(state))
+        poison, *replies = pipe.execute()
+        width = 6 + len(COUNTED_STATES)
+        per = [replies[i : i + width] for i in range(0, len(replies), width)]
         return Backlog(
-            owed=int(owed),
-            stuck=int(stuck),
-            pending=int(pending),
-            overdue=int(overdue),
-            rejected=int(rejected) if has_rejected else 0,
+            owed=sum(int(r[0]) for r in per),
+            stuck=sum(int(r[1]) for r in per),
+            pending=sum(int(r[2]) for r in per),
+            overdue=sum(int(r[3]) for r in per),
+            rejected=sum(int(r[5]) for r in per if r[4]),
             poison=int(poison),
-            sessions={s: int(n) for s, n in zip(COUNTED_STATES, states, strict=True)},
+            sessions={s: sum(int(r[6 + i]) for r in per) for i, s in enumerate(COUNTED_STATES)},
         )
 
     def waiting(self, now: float, nearest: int = 5, read: int = 500) -> Waiting:
@@ -110,14 +112,18 @@ class Health:
         gates, how many are expiring, and the `nearest` few in full."""
         k = self.keys
         pipe = self.client.pipeline(transaction=False)
-        pipe.zcard(k.deadlines)
-        pipe.zrange(k.deadlines, 0, read - 1)
-        deferred, members = cast("tuple[int, list[str]]", tuple(pipe.execute()))
+        for shard in k.all_shards():
+            pipe.zcard(shard.deadlines)
+            pipe.zrange(shard.deadlines, 0, read - 1, withscores=True)
+        replies = pipe.execute()
+        deferred = sum(int(n) for n in replies[0::2])
+        rows = sorted((row for chunk in replies[1::2] for row in chunk), key=lambda r: r[1])
+        members = [str(m) for m, _ in rows[:read]]
         pipe = self.client.pipeline(transaction=False)
         for member in members:
             sid, _, field = member.partition(" ")
             pipe.hget(k.calls(sid), field)
-            pipe.zscore(k.expiring, member)
+            pipe.zscore(k.for_session(sid).expiring, member)
         rows = pipe.execute()
         gates = expiring = 0
         shown: list[tuple[PendingCall, bool]] = []
@@ -130,17 +136,26 @@ class Health:
             is_gate = bool(json.loads(raw).get("then"))
             gates, expiring = gates + is_gate, expiring + late
             if len(shown) < nearest:
-                shown.append((pending_view(member.partition(" ")[0], TrackedCall.model_validate_json(raw)), late))
+                sid = member.partition(" ")[0]
+                view = pending_view(sid, TrackedCall.model_validate_json(raw), stream=k.for_session(sid).completions)
+                shown.append((view, late))
         return Waiting(int(deferred), len(members), gates, expiring, shown)
 
     def recent_rejections(self, count: int = 5) -> list[dict[str, str]]:
         """The newest entries of `completions:rejected`, newest first."""
-        entries = cast("list[tuple[str, dict[str, str]]]", self.client.xrevrange(self.keys.rejected, count=count))
-        return [{"id": eid, **fields} for eid, fields in entries]
+        pipe = self.client.pipeline(transaction=False)
+        for shard in self.keys.all_shards():
+            pipe.xrevrange(shard.rejected, count=count)
+        entries = [entry for chunk in pipe.execute() for entry in chunk]
+        if self.keys.shards > 1:  # newest first over every shard (ids are times, ms-seq)
+            entries.sort(key=lambda e: tuple(int(x) for x in e[0].split("-")), reverse=True)
+        return [{"id": eid, **fields} for eid, fields in entries[:count]]
 
     def rewound_sessions(self, limit: int = 20) -> Rewound:
         """What `rewound` holds (sessions are deleted from it with the session)."""
-        stored = cast("dict[str, str]", self.client.hgetall(self.keys.rewound))
+        stored: dict[str, str] = {}
+        for shard in self.keys.all_shards():
+            stored.update(cast("dict[str, str]", self.client.hgetall(shard.rewound)))
         records = {sid: json.loads(raw) for sid, raw in stored.items()}
         newest_new_first = sorted(
             records, key=lambda sid: ("acknowledged_at" in records[sid], -float(records[sid].get("at", 0)))
@@ -155,7 +170,12 @@ class Health:
         """Mark every rewound session recorded now as acknowledged; returns their ids. A worker
         that finds one rewound again later writes a new record, not acknowledged. Optimistic (WATCH):
         a record written meanwhile is never marked without being read."""
-        key = self.keys.rewound
+        marked: list[str] = []
+        for shard in self.keys.all_shards():
+            marked += self._acknowledge_rewound(shard.rewound)
+        return sorted(marked)
+
+    def _acknowledge_rewound(self, key: str) -> list[str]:
         with self.client.pipeline() as pipe:
             while True:
                 try:

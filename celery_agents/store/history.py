@@ -39,7 +39,7 @@ from celery_agents.store.codec import STORED_TURN, merge_outcome, turn_digest
 from celery_agents.store.commit import token_record
 from celery_agents.store.core import StoreCore
 from celery_agents.store.header import header_to_stored
-from celery_agents.store.ids import check_session_id, new_session_id, new_token
+from celery_agents.store.ids import check_session_id, new_token
 from celery_agents.store.signing import sign_spec
 
 
@@ -166,8 +166,8 @@ class HistoryStore(StoreCore):
         (another agent's policy decides it). Returns what was written; its `dispatch` is for the
         workers."""
         stamp = time.time() if now is None else now
-        spec = agent or self.agent(origin.header.agent_hash)
-        sid = new_session_id()
+        spec = agent or self.agent(origin.header.agent_hash, origin.header.session_id)
+        sid = self.keys.new_session_id(beside=origin.header.session_id)
         calls = [_forked_call(c, sid, stamp) for c in origin.batch]
         if rebind is not None:
             calls = [c if c.state.final else rebind(spec, sid, c, stamp, new_token(sid)) for c in calls]
@@ -183,7 +183,7 @@ class HistoryStore(StoreCore):
             else {},
         )
         spec_json, content_hash = spec.to_json(), spec.content_hash()
-        k = self.keys
+        k = self.keys.for_session(sid)
         res = self._run(
             "fork_session",
             sid,

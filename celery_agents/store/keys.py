@@ -2,11 +2,24 @@
 
 Session keys carry the hash tag `{<session_id>}` so that one session's keys share a Cluster slot.
 A session script receives in `KEYS` the keys it touches, in the order of `SCRIPT_KEY_NAMES`.
+
+The global indexes (sessions, states, pending, deadlines, owed, dispatched, expiring, counters,
+ids, the completions streams, rewound, agent specs) are split into `shards` (AGENTS_INDEX_SHARDS):
+with one shard their names are `<prefix>:<name>`; with more, shard n's are
+`<prefix>:{<tag n>}:<name>`, every key of a shard in one slot (model/slots.py), and a session's
+entries go to the shard its id's slot picks. `Keys.at(n)` names shard n's keys, `for_session(sid)`
+the shard of a session, `all_shards()` each one; a plain `Keys` names shard 0's.
 """
 
 from __future__ import annotations
 
+import secrets
+import uuid
+from functools import cached_property
+
+from celery_agents.errors import UnknownSession
 from celery_agents.model import State
+from celery_agents.model.slots import id_in_slot, shard_slots, shard_tags, slot_shards, tag_slot
 
 SESSION_KEY_NAMES = (
     "meta",
@@ -40,10 +53,65 @@ SCRIPT_KEY_NAMES = (
 
 
 class Keys:
-    """Key builder for one prefix (default `agents`)."""
+    """Key builder for one prefix (default `agents`) and its index shards; names shard `shard`'s
+    index keys."""
 
-    def __init__(self, prefix: str = "agents") -> None:
+    def __init__(self, prefix: str = "agents", shards: int = 1, shard: int = 0) -> None:
+        if shards < 1 or not 0 <= shard < shards:
+            raise ValueError(f"shard {shard} of {shards}")
         self.prefix = prefix
+        self.shards = shards
+        self.shard = shard
+        #: what every index key of this shard starts with
+        self.base = prefix if shards == 1 else f"{prefix}:{{{shard_tags(shards)[shard]}}}"
+
+    # -- shards -------------------------------------------------------------------------------
+    @cached_property
+    def _views(self) -> tuple[Keys, ...]:
+        if self.shards == 1:
+            return (self,)
+        return tuple(self if n == self.shard else Keys(self.prefix, self.shards, n) for n in range(self.shards))
+
+    def at(self, shard: int) -> Keys:
+        """The keys of index shard `shard`."""
+        return self._views[shard]
+
+    def all_shards(self) -> tuple[Keys, ...]:
+        """The keys of every index shard, shard 0 first."""
+        return self._views
+
+    def shard_of(self, sid: str) -> int:
+        """The index shard of session `sid` (always 0 with one shard). With more, an id outside
+        every shard's slot (one not made by `new_session_id`) names no session: `UnknownSession`."""
+        if self.shards == 1:
+            return 0
+        shard = slot_shards(self.shards).get(tag_slot(sid))
+        if shard is None:
+            raise UnknownSession(
+                f"unknown session {sid[:80]!r}: its id is in no index shard's hash slot "
+                f"(AGENTS_INDEX_SHARDS={self.shards}; on a Redis Cluster, celery-agents makes session ids)",
+                session_id=sid,
+            )
+        return shard
+
+    def owns(self, sid: str) -> bool:
+        """Session `sid` may exist here: always with one shard; with more, when its id is in a
+        shard's slot."""
+        return self.shards == 1 or tag_slot(sid) in slot_shards(self.shards)
+
+    def for_session(self, sid: str) -> Keys:
+        """The keys of the index shard of session `sid`."""
+        return self._views[self.shard_of(sid)]
+
+    def new_session_id(self, beside: str | None = None) -> str:
+        """A new session id: random; with more than one shard, in the slot of a random shard, or
+        (`beside`) in the slot of session `beside` (a fork beside its origin)."""
+        if self.shards == 1 and beside is None:
+            return uuid.uuid4().hex
+        base = uuid.uuid4().hex[:27]
+        if beside is not None:
+            return id_in_slot(base, tag_slot(beside))
+        return id_in_slot(base, shard_slots(self.shards)[secrets.randbelow(self.shards)])
 
     # -- one session --------------------------------------------------------------------------
     def session(self, sid: str, name: str) -> str:
@@ -139,7 +207,7 @@ class Keys:
     @property
     def sessions(self) -> str:
         """Sorted set: session ids by last update (ms)."""
-        return f"{self.prefix}:sessions"
+        return f"{self.base}:sessions"
 
     @property
     def format(self) -> str:
@@ -148,46 +216,46 @@ class Keys:
 
     def state_index(self, state: str) -> str:
         """Sorted set: session ids in one stored state, by last update (ms)."""
-        return f"{self.prefix}:state:{state}"
+        return f"{self.base}:state:{state}"
 
     @property
     def pending_all(self) -> str:
         """Sorted set: `<session_id> <field>` of every unfinished call, by creation (ms)."""
-        return f"{self.prefix}:pending"
+        return f"{self.base}:pending"
 
     @property
     def deadlines(self) -> str:
         """Sorted set: `<session_id> <field>` of deferred calls, by deadline (ms)."""
-        return f"{self.prefix}:deadlines"
+        return f"{self.base}:deadlines"
 
     @property
     def owed(self) -> str:
         """Sorted set: sessions owed a step (the outbox), by when it became owed (ms)."""
-        return f"{self.prefix}:owed"
+        return f"{self.base}:owed"
 
     @property
     def expiring(self) -> str:
         """Sorted set: `<session_id> <field>` of deferred calls, by when `call_expiring` is due (ms):
         a tenth of the wait before the deadline, at most an hour before it."""
-        return f"{self.prefix}:expiring"
+        return f"{self.base}:expiring"
 
     @property
     def dispatched(self) -> str:
         """Sorted set: `<session_id> <field>` of runAsync/runIsolated calls not finished, by when
         they were last dispatched or seen running (ms)."""
-        return f"{self.prefix}:dispatched"
+        return f"{self.base}:dispatched"
 
     @property
     def counters(self) -> str:
         """Hash: the fleet's counters, `<series>\\x1f<label>...` -> count (store/counters.py), each
         incremented by the script that records the work it counts; every `/metrics` reads it whole."""
-        return f"{self.prefix}:counters"
+        return f"{self.base}:counters"
 
     @property
     def ids(self) -> str:
         """Sorted set, every score 0: session ids in lexicographic order, so that a prefix of an
         id is found with ZRANGEBYLEX (no scan). Kept by create_session, cleaned by delete_session."""
-        return f"{self.prefix}:ids"
+        return f"{self.base}:ids"
 
     def global_keys(self) -> list[str]:
         shared: list[str] = [getattr(self, name) for name in SHARED_KEY_NAMES]
@@ -196,30 +264,31 @@ class Keys:
     def named(self, names: tuple[str, ...], sid: str, request_id: str) -> list[str]:
         """The keys of `SCRIPT_KEY_NAMES` called `names`, for session `sid` and the call
         `request_id` (a script's KEYS: store/scripts.py `key_names`)."""
+        shard = self.for_session(sid)
         out = []
         for name in names:
             if name in SESSION_KEY_NAMES:
                 out.append(self.session(sid, name))
             elif name.startswith("state:"):
-                out.append(self.state_index(name[len("state:") :]))
+                out.append(shard.state_index(name[len("state:") :]))
             elif name == "request":
                 out.append(self.request(sid, request_id))
             else:
-                out.append(getattr(self, name))
+                out.append(getattr(shard, name))
         return out
 
     def agent(self, content_hash: str) -> str:
         """String: an agent spec (canonical JSON), stored once per content hash."""
-        return f"{self.prefix}:agent:{content_hash}"
+        return f"{self.base}:agent:{content_hash}"
 
     def agent_signature(self, content_hash: str) -> str:
         """String: the HMAC-SHA256 of the spec under `agent(content_hash)` (AGENTS_SPEC_KEY)."""
-        return f"{self.prefix}:agent:{content_hash}:sig"
+        return f"{self.base}:agent:{content_hash}:sig"
 
     @property
     def completions(self) -> str:
         """Stream other systems XADD completions to (`token`, `result`, `error`, `by`)."""
-        return f"{self.prefix}:completions"
+        return f"{self.base}:completions"
 
     @property
     def interrupts(self) -> str:
@@ -230,13 +299,13 @@ class Keys:
     @property
     def rejected(self) -> str:
         """Stream: completions that changed nothing, with the reason."""
-        return f"{self.prefix}:completions:rejected"
+        return f"{self.base}:completions:rejected"
 
     @property
     def rewound(self) -> str:
         """Hash: session id -> what a worker saw when it found the stored session older than
         what it had read before (Redis lost writes); shown by `agents doctor`."""
-        return f"{self.prefix}:rewound"
+        return f"{self.base}:rewound"
 
     @property
     def acks_fsynced(self) -> str:

@@ -119,7 +119,7 @@ class CallLedger:
         sweeper looks at it again after `seconds` (Redis time), not at every sweep."""
         sec, usec = self.client.time()
         due_ms = int((sec + usec / 1_000_000 + seconds) * 1000)
-        self.client.zadd(self.keys.dispatched, {f"{session_id} {field}": due_ms}, xx=True)
+        self.client.zadd(self.keys.for_session(session_id).dispatched, {f"{session_id} {field}": due_ms}, xx=True)
 
     def call_lock(self, session_id: str, field: str) -> CallLease:
         """The call's lease: held by the one worker running it, renewed while it runs."""
@@ -136,7 +136,8 @@ class CallLedger:
             return
         pipe = self.client.pipeline(transaction=False)
         pipe.set(key, owner, ex=STARTED_TTL_S)
-        self.acks.queue(pipe)
+        node_of = getattr(self.client, "node_of", None)
+        self.acks.queue(pipe, node_of(key) if node_of is not None else None)
         self.acks.answered(pipe.execute()[1])
 
     def call_pending(self, session_id: str, field: str) -> bool:

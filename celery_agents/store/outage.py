@@ -33,8 +33,16 @@ log = logging.getLogger("celery_agents.store")
 T = TypeVar("T")
 
 #: what redis-py raises when it cannot reach the server (a server loading its data after a restart
-#: answers BusyLoadingError, a ConnectionError)
-UNREACHABLE = (redis.ConnectionError, redis.TimeoutError)
+#: answers BusyLoadingError, a ConnectionError); on a Cluster also CLUSTERDOWN (a primary failed and
+#: no replica took over yet), TRYAGAIN (a slot's keys are being migrated) and ClusterError "TTL
+#: exhausted" (redirected more than 16 times: a slot moving again and again): each passes within
+#: seconds, as an outage does
+UNREACHABLE: tuple[type[redis.RedisError], ...] = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    redis.exceptions.ClusterError,
+    redis.exceptions.TryAgainError,
+)
 
 #: the waits between tries: doubling from 50 ms up to 1 s
 _FIRST_WAIT_S, _LONGEST_WAIT_S = 0.05, 1.0

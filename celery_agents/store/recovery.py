@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import cast
 
 import redis
 
@@ -34,25 +33,29 @@ class RecoveryReads:
         """Some owed step or dispatched call is older than `older_than` (Redis time, seconds)."""
         cutoff = int(older_than * 1000)
         pipe = self.client.pipeline(transaction=False)
-        pipe.zcount(self.keys.owed, "-inf", cutoff)
-        pipe.zcount(self.keys.dispatched, "-inf", cutoff)
+        for shard in self.keys.all_shards():
+            pipe.zcount(shard.owed, "-inf", cutoff)
+            pipe.zcount(shard.dispatched, "-inf", cutoff)
         return any(pipe.execute())
+
+    def _oldest(self, index: str, older_than: float, limit: int) -> list[tuple[str, float]]:
+        """Members of every shard's `index` (a `Keys` property) scored up to `older_than`
+        (seconds), with their scores, oldest first, at most `limit`; one round trip."""
+        pipe = self.client.pipeline(transaction=False)
+        for shard in self.keys.all_shards():
+            pipe.zrangebyscore(
+                getattr(shard, index), "-inf", int(older_than * 1000), start=0, num=limit, withscores=True
+            )
+        rows = [(str(m), float(s)) for chunk in pipe.execute() for m, s in chunk]
+        return sorted(rows, key=lambda r: r[1])[:limit] if self.keys.shards > 1 else rows
 
     def owed_due(self, older_than: float, limit: int = 200) -> list[tuple[str, float]]:
         """Owed steps older than `older_than`: (session id, committed ms), oldest first."""
-        rows = self.client.zrangebyscore(
-            self.keys.owed, "-inf", int(older_than * 1000), start=0, num=limit, withscores=True
-        )
-        return cast("list[tuple[str, float]]", rows)  # the client decodes replies (store/connection.py)
+        return self._oldest("owed", older_than, limit)
 
     def dispatched_due(self, older_than: float, limit: int = 200) -> list[DueCall]:
         """Dispatched calls older than `older_than`, each with its disposition; two round trips."""
-        rows = cast(
-            "list[tuple[str, float]]",
-            self.client.zrangebyscore(
-                self.keys.dispatched, "-inf", int(older_than * 1000), start=0, num=limit, withscores=True
-            ),
-        )
+        rows = self._oldest("dispatched", older_than, limit)
         members = [(*_member(m), score) for m, score in rows]
         pipe = self.client.pipeline(transaction=False)
         for sid, field, _ in members:
@@ -65,9 +68,9 @@ class RecoveryReads:
     def due_entries(self, older_than: float, limit: int = 1000) -> list[Entry]:
         """What is known of each owed step and dispatched call older than `older_than` (their
         messages' queues aside: `lost` is False); two round trips."""
-        cutoff, k = int(older_than * 1000), self.keys
-        owed = cast("list[str]", self.client.zrangebyscore(k.owed, "-inf", cutoff, start=0, num=limit))
-        members = cast("list[str]", self.client.zrangebyscore(k.dispatched, "-inf", cutoff, start=0, num=limit))
+        k = self.keys
+        owed = [sid for sid, _ in self._oldest("owed", older_than, limit)]
+        members = [m for m, _ in self._oldest("dispatched", older_than, limit)]
         calls = [m.split(" ", 1) for m in members]
         pipe = self.client.pipeline(transaction=False)
         for sid in owed:

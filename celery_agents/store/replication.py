@@ -52,9 +52,13 @@ class ReplicaAcks:
         """Writes wait for replicas now."""
         return self.replicas > 0 and time.monotonic() >= self._resting_until
 
-    def queue(self, pipe: Any) -> None:
-        """Queue the WAIT that follows a write on `pipe` (the same connection)."""
-        pipe.execute_command("WAIT", self.replicas, self.timeout_ms)
+    def queue(self, pipe: Any, node: Any = None) -> None:
+        """Queue the WAIT that follows a write on `pipe` (the same connection); `node`: on a
+        Cluster, the primary that took the write."""
+        if node is None:
+            pipe.execute_command("WAIT", self.replicas, self.timeout_ms)
+        else:
+            pipe.execute_command("WAIT", self.replicas, self.timeout_ms, target_nodes=node)
 
     def answered(self, replicas: object) -> bool:
         """WAIT's reply: whether enough replicas hold the write; if not, log it and rest."""

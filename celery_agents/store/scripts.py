@@ -126,15 +126,20 @@ class Scripts:
         by `WAIT` when writes wait for replicas."""
         if client is None and name not in _READ_ONLY and self.acks.waiting:
             return self._run_acknowledged(name, keys, args)
-        return self._scripts[name](keys=keys, args=args, client=client or self._client)
+        script = self._scripts[name]
+        if client is not None and hasattr(client, "queue_script"):  # a Cluster's pipeline
+            return client.queue_script(script.sha, script.script, keys, args)
+        return script(keys=keys, args=args, client=client or self._client)
 
     def _run_acknowledged(self, name: str, keys: list[str], args: list[Any]) -> Any:
-        """EVALSHA and WAIT in one round trip; on NOSCRIPT the script is loaded and sent again."""
+        """EVALSHA and WAIT in one round trip; on NOSCRIPT the script is loaded and sent again. On
+        a Cluster, WAIT goes to the primary of the script's keys, on the same connection."""
         script = self._scripts[name]
+        node_of = getattr(self._client, "node_of", None)
         for attempt in (1, 2):
             pipe = self._client.pipeline(transaction=False)
             pipe.evalsha(script.sha, len(keys), *keys, *args)
-            self.acks.queue(pipe)
+            self.acks.queue(pipe, node_of(keys[0]) if node_of is not None and keys else None)
             reply, replicas = pipe.execute(raise_on_error=False)
             if isinstance(reply, NoScriptError) and attempt == 1:
                 script.sha = self._client.script_load(script.script)

@@ -13,7 +13,7 @@ from celery_agents.model.admission import DEFAULT_PRIORITY, PRIORITY_MAX, PRIORI
 from celery_agents.store.codec import outcome_json, turn_digest
 from celery_agents.store.core import StoreCore
 from celery_agents.store.header import header_from_hash, header_to_stored
-from celery_agents.store.ids import SESSION_ID, check_session_id, new_session_id, parse_token
+from celery_agents.store.ids import SESSION_ID, check_session_id, parse_token
 from celery_agents.store.keys import STORED_STATES
 from celery_agents.store.records import Sent
 from celery_agents.store.signing import sign_spec
@@ -41,7 +41,13 @@ class SessionStore(StoreCore):
         `ancestors` the sessions above it, its parent first, `bounded_by` those with a budget;
         `priority` (0-9) over the agent file's (default 5)."""
         stamp = time.time() if now is None else now  # shown only: the script stamps created_at from Redis
-        sid = check_session_id(session_id) if session_id else new_session_id()
+        sid = check_session_id(session_id) if session_id else self.keys.new_session_id()
+        if not self.keys.owns(sid):
+            raise InvalidInput(
+                f"session id {sid[:80]!r} is in no index shard's hash slot (AGENTS_INDEX_SHARDS="
+                f"{self.keys.shards}): on a Redis Cluster, celery-agents makes session ids"
+            )
+        shard = self.keys.for_session(sid)
         spec_json = agent.to_json()
         content_hash = agent.content_hash()
         header = SessionHeader(
@@ -74,7 +80,7 @@ class SessionStore(StoreCore):
                 sign_spec(self.settings.spec_key, spec_json) if self.settings.spec_key else "",
                 start_summary(query),
             ],
-            extra_keys=(self.keys.agent(content_hash), self.keys.ids, self.keys.agent_signature(content_hash)),
+            extra_keys=(shard.agent(content_hash), shard.ids, shard.agent_signature(content_hash)),
             now=now,
         )
         if res[0] != "ok":
@@ -171,8 +177,11 @@ class SessionStore(StoreCore):
         )
 
     def _ids_from(self, prefix: str) -> list[str]:
-        # '~' sorts after every character a session id may hold.
-        return cast("list[str]", self.client.zrangebylex(self.keys.ids, f"[{prefix}", f"({prefix}~", start=0, num=4))
+        # '~' sorts after every character a session id may hold; the first 4 of every shard's.
+        pipe = self.client.pipeline(transaction=False)
+        for shard in self.keys.all_shards():
+            pipe.zrangebylex(shard.ids, f"[{prefix}", f"({prefix}~", start=0, num=4)
+        return sorted(sid for found in pipe.execute() for sid in found)[:4]
 
     def set_drive(
         self, session_id: str, drive: str, grant: Budget | None = None, header: SessionHeader | None = None
@@ -182,7 +191,7 @@ class SessionStore(StoreCore):
         check_session_id(session_id)
         h = header or self.header(session_id)
         more = grant.model_dump_json(exclude_none=True) if grant is not None else ""
-        res = self._run("set_drive", session_id, [drive, self.agent(h.agent_hash).max_steps, more])
+        res = self._run("set_drive", session_id, [drive, self.agent(h.agent_hash, session_id).max_steps, more])
         if res[0] == "missing":
             raise UnknownSession(f"unknown session {session_id!r}", session_id=session_id)
         if res[0] == "ended":
@@ -197,7 +206,7 @@ class SessionStore(StoreCore):
         """Make a session steppable (a failed one becomes active); returns its version. `header`:
         the session's, read just before."""
         h = header or self.header(session_id)
-        res = self._run("step_through", session_id, [self.agent(h.agent_hash).max_steps])
+        res = self._run("step_through", session_id, [self.agent(h.agent_hash, session_id).max_steps])
         if res[0] == "missing":
             raise UnknownSession(f"unknown session {session_id!r}", session_id=session_id)
         if res[0] == "ended":
@@ -229,7 +238,8 @@ class SessionStore(StoreCore):
             calls = cast("dict[str, str]", self.client.hgetall(self.keys.calls(session_id)))
             secrets = [parse_token(t)[1] for t in (json.loads(c).get("token") for c in calls.values()) if t]
             keys = self.keys.every_session_key(session_id, list(calls), secrets)
-            extra = (self.keys.ids, self.keys.rewound, self.keys.expiring, *keys)
+            shard = self.keys.for_session(session_id)
+            extra = (shard.ids, shard.rewound, shard.expiring, *keys)
             res = self._run("delete_session", session_id, [len(calls), "1" if force else "0"], extra)
             if res[0] == "ok":
                 if parent:  # the parent's list is under the parent's hash tag: a second command
@@ -277,15 +287,16 @@ class SessionStore(StoreCore):
         """Ids of sessions in `states` last updated before `cutoff` (seconds), oldest first."""
         pipe = self.client.pipeline(transaction=False)
         for st in states:
-            pipe.zrangebyscore(
-                self.keys.state_index(st), "-inf", f"({int(cutoff * 1000)}", start=0, num=limit, withscores=True
-            )
+            for shard in self.keys.all_shards():
+                pipe.zrangebyscore(
+                    shard.state_index(st), "-inf", f"({int(cutoff * 1000)}", start=0, num=limit, withscores=True
+                )
         rows = [row for chunk in pipe.execute() for row in chunk]
         return [sid for sid, _ in sorted(rows, key=lambda r: r[1])[:limit]]
 
     def memory_per_session(self, sample: int = 20) -> tuple[int, int]:
         """(sessions sampled, their bytes in Redis) over the most recently updated sessions."""
-        ids = cast("list[str]", self.client.zrevrange(self.keys.sessions, 0, sample - 1))
+        ids = self._newest(None, sample)
         pipe = self.client.pipeline(transaction=False)
         for sid in ids:
             for key in self.keys.session_keys(sid):
@@ -294,12 +305,23 @@ class SessionStore(StoreCore):
         return len(ids), sum(int(x or 0) for x in sizes)
 
     def list_sessions(self, state: str | None = None, limit: int = 50) -> list[SessionHeader]:
-        index = self.keys.state_index(state) if state else self.keys.sessions
-        ids = cast("list[str]", self.client.zrevrange(index, 0, limit - 1))
+        ids = self._newest(state, limit)
         pipe = self.client.pipeline(transaction=False)
         for sid in ids:
             pipe.hgetall(self.keys.meta(sid))
         return [header_from_hash(d, sid) for sid, d in zip(ids, pipe.execute(), strict=True) if d]
+
+    def _newest(self, state: str | None, limit: int) -> list[str]:
+        """The ids of the `limit` sessions (in `state`) updated last, newest first: each shard's
+        newest `limit`, merged."""
+        if self.keys.shards == 1:
+            index = self.keys.state_index(state) if state else self.keys.sessions
+            return cast("list[str]", self.client.zrevrange(index, 0, limit - 1))
+        pipe = self.client.pipeline(transaction=False)
+        for shard in self.keys.all_shards():
+            pipe.zrevrange(shard.state_index(state) if state else shard.sessions, 0, limit - 1, withscores=True)
+        rows = [row for chunk in pipe.execute() for row in chunk]
+        return [sid for sid, _ in sorted(rows, key=lambda r: -r[1])[:limit]]
 
     def headers(self, session_ids: list[str]) -> dict[str, SessionHeader]:
         """The headers of the sessions named that still exist, in one pipelined round trip."""
@@ -312,8 +334,10 @@ class SessionStore(StoreCore):
         """Sessions per stored state, from the state indexes (one round trip, never a scan)."""
         pipe = self.client.pipeline(transaction=False)
         for state in STORED_STATES:
-            pipe.zcard(self.keys.state_index(state))
-        return {state: int(n) for state, n in zip(STORED_STATES, pipe.execute(), strict=True)}
+            for shard in self.keys.all_shards():
+                pipe.zcard(shard.state_index(state))
+        counts = iter(pipe.execute())
+        return {state: sum(int(next(counts)) for _ in self.keys.all_shards()) for state in STORED_STATES}
 
 
 def _priority(given: int | None, agent: AgentSpec) -> int:

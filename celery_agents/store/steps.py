@@ -113,13 +113,16 @@ class StepStore(LimitStore, BudgetStore):
             seen.version,
             len(seen.turns),
         )
-        self.client.hset(self.keys.rewound, session_id, json.dumps(record))
+        self.client.hset(self.keys.for_session(session_id).rewound, session_id, json.dumps(record))
 
     def rewound(self, limit: int = 20) -> tuple[int, dict[str, dict[str, Any]]]:
         """Sessions whose stored state went back under a worker (how many, and up to `limit`)."""
-        count = int(self.client.hlen(self.keys.rewound))
-        entries = itertools.islice(self.client.hscan_iter(self.keys.rewound, count=limit), limit)
-        return count, {sid: json.loads(raw) for sid, raw in entries}
+        count, found = 0, dict[str, dict[str, Any]]()
+        for shard in self.keys.all_shards():
+            count += int(self.client.hlen(shard.rewound))
+            entries = itertools.islice(self.client.hscan_iter(shard.rewound, count=limit), limit - len(found))
+            found.update({sid: json.loads(raw) for sid, raw in entries})
+        return count, found
 
     def turns(self, session_id: str) -> list[UserTurn | LlmTurn]:
         check_session_id(session_id)
@@ -171,7 +174,7 @@ class StepStore(LimitStore, BudgetStore):
         sid = record.session_id
         token_keys = tuple(self.keys.token(sid, parse_token(c.token)[1]) for c in record.tokens if c.token)
         if token_keys:
-            token_keys = (*token_keys, self.keys.expiring)  # their `call_expiring` warnings
+            token_keys = (*token_keys, self.keys.for_session(sid).expiring)  # their `call_expiring` warnings
         if not record.spend.nothing:  # the sessions above spend what this one spends
             token_keys = (*token_keys, *(self.keys.meta(a) for a in record.above))
         if record.claim is not None:

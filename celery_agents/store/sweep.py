@@ -14,12 +14,18 @@ class SweepStore(StoreCore):
     """The outbox and the dispatched calls, as the sweeper settles them."""
 
     def owed(self, older_than: float, limit: int = 200) -> list[str]:
-        return list(
-            cast(
-                "list[str]",
-                self.client.zrangebyscore(self.keys.owed, "-inf", int(older_than * 1000), start=0, num=limit),
+        if self.keys.shards == 1:
+            return list(
+                cast(
+                    "list[str]",
+                    self.client.zrangebyscore(self.keys.owed, "-inf", int(older_than * 1000), start=0, num=limit),
+                )
             )
-        )
+        pipe = self.client.pipeline(transaction=False)
+        for shard in self.keys.all_shards():
+            pipe.zrangebyscore(shard.owed, "-inf", int(older_than * 1000), start=0, num=limit, withscores=True)
+        rows = sorted((row for chunk in pipe.execute() for row in chunk), key=lambda r: r[1])
+        return [sid for sid, _ in rows[:limit]]
 
     def sweep_owed(self, candidates: list[tuple[str, bool]], now: float) -> list[Swept]:
         """Settle outbox entries atomically, each (session id, whether a step no worker picked up

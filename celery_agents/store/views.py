@@ -63,34 +63,50 @@ class ViewStore(StoreCore):
             pending: list[PendingCall] = []
             if fs:
                 rows = unfinished_rows(next(second), next(second), next(second))
-                pending = [pending_view(h.session_id, c, started) for c, started in rows]
+                stream = k.for_session(h.session_id).completions
+                pending = [pending_view(h.session_id, c, started, stream) for c, started in rows]
             out.append(Live(pending, lease, kids, queued.get(h.session_id, [])))
         return out
 
     def pending_view(self, session_id: str | None = None, limit: int = 1000) -> list[PendingCall]:
         """Unfinished calls of one session, or of all sessions oldest first (never a scan)."""
         if session_id is not None:
-            return [pending_view(session_id, c, started) for c, started in self._pending_rows(session_id)]
-        members = cast("list[str]", self.client.zrange(self.keys.pending_all, 0, limit - 1))
-        pairs = [m.split(" ", 1) for m in members]
+            stream = self.keys.for_session(session_id).completions
+            return [pending_view(session_id, c, started, stream) for c, started in self._pending_rows(session_id)]
+        pairs = [m.split(" ", 1) for m in self._pending_members(limit)]
         if not pairs:
             return []
         pipe = self.client.pipeline(transaction=False)
         for sid, field in pairs:
             pipe.hget(self.keys.calls(sid), field)
             pipe.hget(self.keys.results(sid), field)
-        pipe.mget([self.keys.call_started(sid, field) for sid, field in pairs])
+        if self.keys.shards == 1:
+            pipe.mget([self.keys.call_started(sid, field) for sid, field in pairs])
+        else:  # the keys of many sessions: as many slots
+            for sid, field in pairs:
+                pipe.exists(self.keys.call_started(sid, field))
         raw = pipe.execute()
-        started = raw.pop()
+        started = raw.pop() if self.keys.shards == 1 else [x or None for x in raw[2 * len(pairs) :]]
         out: list[tuple[int, int, PendingCall]] = []
         for i, (sid, _field) in enumerate(pairs):
             if raw[2 * i]:
                 call = merge_outcome(raw[2 * i], raw[2 * i + 1])
                 if not call.state.final:
-                    out.append((call.batch, call.position, pending_view(sid, call, started[i] is not None)))
+                    stream = self.keys.for_session(sid).completions
+                    out.append((call.batch, call.position, pending_view(sid, call, started[i] is not None, stream)))
         # Calls made by one step share a creation time: keep them in the model's call order.
         out.sort(key=lambda row: (row[2].created_at, row[2].session_id, row[0], row[1]))
         return [row[2] for row in out]
+
+    def _pending_members(self, limit: int) -> list[str]:
+        """`<session> <field>` of the `limit` oldest unfinished calls over every index shard."""
+        if self.keys.shards == 1:
+            return cast("list[str]", self.client.zrange(self.keys.pending_all, 0, limit - 1))
+        pipe = self.client.pipeline(transaction=False)
+        for shard in self.keys.all_shards():
+            pipe.zrange(shard.pending_all, 0, limit - 1, withscores=True)
+        rows = sorted((row for chunk in pipe.execute() for row in chunk), key=lambda r: r[1])
+        return [member for member, _ in rows[:limit]]
 
     def last_event_id(self, session_id: str) -> str:
         last = cast("StreamEntries", self.client.xrevrange(self.keys.events(session_id), count=1))

@@ -36,7 +36,7 @@ from celery_agents.tasks.queues import QueueHead, QueueProbe
 log = logging.getLogger("celery_agents.services")
 
 #: Redis could not be reached: the loops try again at their next turn
-UNREACHABLE = (RedisUnavailable, *STORE_UNREACHABLE)
+UNREACHABLE: tuple[type[Exception], ...] = (RedisUnavailable, *STORE_UNREACHABLE)
 
 
 def task_log_fields(task_name: str, args: Sequence[Any]) -> dict[str, Any]:

@@ -156,10 +156,14 @@ class Supervisor:
 
     def run(self) -> int:
         from celery_agents.config import Settings
+        from celery_agents.store.connection import broker_url
         from celery_agents.tasks.celery_app import worker_settings
         from celery_agents.tasks.services import WorkerServices, worker_resources
         from celery_agents.tools.sandbox import protect_process
 
+        # Where the queues live, before any process starts: state on a Redis Cluster without
+        # AGENTS_BROKER_URL is refused here (BrokerMissing, exit 2), not by every child in a loop.
+        broker_url(Settings.from_env())
         protect_process()  # as every worker process: tools running as our user cannot read our keys
         ready_r, ready_w = os.pipe()
         os.set_blocking(ready_r, False)

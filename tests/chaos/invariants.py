@@ -35,7 +35,7 @@ def check_invariants(store: Store, sid: str, *, completed: bool = True) -> None:
     calls = store.calls(sid)
     assert len({c.field for c in calls}) == len(calls)
     r = store.client
-    k = store.keys
+    k = store.keys.for_session(sid)  # the session's index shard (all of it on one Redis)
     if completed:
         assert h.status.value == "completed", f"session {sid} ended {h.status.value}: {h.error}"
         assert isinstance(turns[-1], LlmTurn) and not turns[-1].tool_calls

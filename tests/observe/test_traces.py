@@ -85,7 +85,7 @@ def test_a_completion_days_later_joins_the_trace_of_the_step_that_deferred_the_c
         def call_of_token(self, token: str) -> tuple[TrackedCall, str]:
             return stamped, "hash"
 
-        def agent(self, agent_hash: str) -> Any:
+        def agent(self, agent_hash: str, session_id: str | None = None) -> Any:
             return SimpleNamespace(tool=lambda name: object())
 
     with observe.token_wait(Store(), "s1.secret", "alice"):  # type: ignore[arg-type]

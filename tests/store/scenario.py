@@ -54,7 +54,7 @@ def decide(
 ) -> Transition:
     snap = Snapshot(
         header=loaded.header,
-        agent=store.agent(loaded.header.agent_hash),
+        agent=store.agent(loaded.header.agent_hash, loaded.header.session_id),
         turns=loaded.turns,
         calls=loaded.calls,
         inbox=loaded.inbox,
