@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ssl
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 from urllib.parse import parse_qsl, quote, unquote
@@ -119,10 +120,7 @@ def parse_cluster_url(url: str) -> ClusterUrl:
         raise bad(f"a Cluster has database 0 only, not {path!r}")
     credentials, at, hosts = netloc.rpartition("@")
     username, password = _credentials(credentials) if at else (None, None)
-    try:
-        nodes = tuple(_host(h, 6379) for h in hosts.split(",") if h.strip())
-    except ValueError as exc:
-        raise bad(str(exc).split(";")[0].removeprefix("invalid Sentinel URL: ")) from None
+    nodes = tuple(_host(h, 6379, bad) for h in hosts.split(",") if h.strip())
     if not nodes:
         raise bad("no HOST:PORT")
     options = dict(parse_qsl(query, keep_blank_values=True))
@@ -134,7 +132,7 @@ def parse_cluster_url(url: str) -> ClusterUrl:
         username=username,
         password=password,
         tls=scheme.lower() == "rediss+cluster",
-        ssl_options=_ssl_options(options),
+        ssl_options=_ssl_options(options, bad),
     )
 
 
@@ -188,7 +186,7 @@ def _credentials(text: str) -> tuple[str | None, str | None]:
     return (unquote(user) or None), (unquote(password) if colon else None)
 
 
-def _host(text: str, default_port: int = SENTINEL_PORT) -> tuple[str, int]:
+def _host(text: str, default_port: int = SENTINEL_PORT, bad: Callable[[str], ValueError] = _bad) -> tuple[str, int]:
     text = text.strip()
     if text.startswith("["):  # [IPv6]:PORT
         host, _, port = text[1:].partition("]")
@@ -196,18 +194,18 @@ def _host(text: str, default_port: int = SENTINEL_PORT) -> tuple[str, int]:
     else:
         host, _, port = text.partition(":")
     if not host:
-        raise _bad(f"no HOST in {text!r}")
+        raise bad(f"no HOST in {text!r}")
     if port and not port.isdigit():
-        raise _bad(f"{port!r} is not a port")
+        raise bad(f"{port!r} is not a port")
     return host, int(port) if port else default_port
 
 
-def _ssl_options(options: dict[str, str]) -> dict[str, Any]:
+def _ssl_options(options: dict[str, str], bad: Callable[[str], ValueError] = _bad) -> dict[str, Any]:
     out: dict[str, Any] = {k: v for k, v in options.items() if k in _SSL_OPTIONS}
     if "ssl_cert_reqs" in out:
         reqs = out["ssl_cert_reqs"].lower()
         if reqs not in _CERT_REQS:
-            raise _bad(f"ssl_cert_reqs={reqs!r} is none of {', '.join(_CERT_REQS)}")
+            raise bad(f"ssl_cert_reqs={reqs!r} is none of {', '.join(_CERT_REQS)}")
         out["ssl_cert_reqs"] = _CERT_REQS[reqs]
     return out
 

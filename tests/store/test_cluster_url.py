@@ -57,3 +57,8 @@ def test_queues_never_go_on_the_cluster() -> None:
     assert caught.value.exit_code == 2
     given = Settings(redis_url="redis+cluster://h:7000", broker_url="amqp://u:p@rabbit:5672/v")
     assert broker_url(given) == "amqp://u:p@rabbit:5672/v"
+
+
+def test_a_bad_certificate_option_names_the_cluster_form() -> None:
+    with pytest.raises(ValueError, match="invalid Cluster URL: ssl_cert_reqs='maybe'"):
+        parse_cluster_url("rediss+cluster://h:7000?ssl_cert_reqs=maybe")
