@@ -268,8 +268,15 @@ class StatePipeline(redis.client.Pipeline):
             raise translated(exc) from None
 
     def execute(self, raise_on_error: bool = True) -> list[Any]:
+        """The replies; a pipeline that lost its connection keeps its commands, so that sending it
+        again (the store's wait through an outage: `through_outage(pipe.execute)`) sends them all,
+        not the empty pipeline redis-py leaves whatever happened."""
+        stack = list(self.command_stack)
         try:
             return super().execute(raise_on_error)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            self.command_stack = stack
+            raise translated(exc) from None
         except redis.RedisError as exc:
             raise translated(exc) from None
 

@@ -19,7 +19,8 @@ from celery_agents.errors import RedisUnavailable
 from celery_agents.store import Store, client_for_url
 from tests.e2e.conftest import wait_for
 from tests.store.scenario import begin, start
-from tests.support.redis_server import RedisServer
+from tests.support.proxy import TcpProxy
+from tests.support.redis_server import RedisServer, free_port
 
 
 @pytest.fixture
@@ -30,7 +31,11 @@ def server(tmp_path: Path) -> Iterator[RedisServer]:
 
 
 def store_on(server: RedisServer, settings: Settings, outage_seconds: float) -> Store:
-    return Store(client_for_url(server.url), dataclasses.replace(settings, redis_url=server.url), outage_seconds)
+    return store_on_url(server.url, settings, outage_seconds)
+
+
+def store_on_url(url: str, settings: Settings, outage_seconds: float) -> Store:
+    return Store(client_for_url(url), dataclasses.replace(settings, redis_url=url), outage_seconds)
 
 
 def test_a_write_sent_while_redis_is_away_goes_through_once_it_is_back(
@@ -110,3 +115,34 @@ def test_a_store_without_a_bound_and_an_at_once_copy_fail_at_the_first_failure(
             store.begin_step(sid, 1, "worker-a")
         assert time.monotonic() - started < 5
     assert patient.outage.seconds == 30, "the copy's impatience is its own"
+
+
+def test_a_pipeline_whose_connection_broke_mid_reply_is_sent_whole_once_redis_is_back(
+    server: RedisServer, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The fleet's limits are read in one pipeline. When its connection breaks after the request
+    went out and redis-py's own retries cannot reconnect, redis-py empties the pipeline; waiting
+    out the outage by sending that same pipeline again sent nothing, and the read failed (not
+    enough values to unpack) instead of waiting."""
+    with TcpProxy(server.port) as proxy:
+        store = store_on_url(proxy.url, settings, outage_seconds=30)
+        store.client.hset(store.keys.limits, "team-a", '{"rpm": 60}')
+        dead = free_port()
+        proxy.drop_reply_to(store.keys.limits_paused)
+        proxy.target_port = dead  # the connection open stays up; new ones find nobody
+        done: dict[str, Any] = {}
+
+        def read() -> None:
+            try:
+                done["limits"] = store._read_fleet_limits()
+            except Exception as exc:  # the failure the test is about, reported below
+                done["error"] = exc
+
+        caplog.set_level(logging.WARNING, logger="celery_agents.store")
+        reader = threading.Thread(target=read)
+        reader.start()
+        wait_for(lambda: "waiting up to 30 s" in caplog.text or not reader.is_alive(), what="the read to wait")
+        proxy.target_port = server.port
+        reader.join(timeout=30)
+    assert "error" not in done, repr(done.get("error"))
+    assert list(done["limits"].limits) == ["team-a"]
