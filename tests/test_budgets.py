@@ -5,6 +5,7 @@ agent file's `pricing` gives the cost, against the local model server."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -174,10 +175,20 @@ def test_an_approval_gate_counts_as_the_tool_call_it_runs_on_approval(settings: 
 FORECAST = {"name": "forecast", "description": "a forecast", "python": "tests.tools.sample_tools:forecast"}
 
 
-def test_an_agent_file_s_prices_are_the_cost_its_budget_counts(settings: Settings, llm_server: LlmServer) -> None:
+@pytest.fixture
+def own_llm_server() -> Iterator[LlmServer]:
+    """A model server of the test's own: the model's name is a real one, which other tests (in the
+    same process, on the shared server) call too, and this test counts its requests."""
+    server = LlmServer().start()
+    yield server
+    server.stop()
+
+
+def test_an_agent_file_s_prices_are_the_cost_its_budget_counts(settings: Settings, own_llm_server: LlmServer) -> None:
     """A model litellm prices (gpt-4o-mini at $0.15/$0.60 per million tokens) priced by the file at
     $2/$8 instead: each call of 1,000 prompt and 500 completion tokens costs $0.006, so a $0.01
     budget stops the session at its third call (at litellm's price the third call would be made)."""
+    llm_server = own_llm_server
     forecast = calls(("forecast", {"city": "Paris"}), usage=(1000, 500))
     llm_server.script("gpt-4o-mini", [forecast, forecast, text("never", usage=(1000, 500))])
     spec = parse_agent(
