@@ -7,7 +7,9 @@ import asyncio
 import json
 import os
 import signal
+import sys
 import threading
+import traceback
 from pathlib import Path
 
 import pytest
@@ -79,7 +81,16 @@ def test_an_interrupted_wait_cancels_its_call(attempt: int) -> None:
         threading.Thread(target=interrupt, daemon=True).start()
         with pytest.raises(KeyboardInterrupt):
             wait_on_loop(call())
-    assert cancelled.wait(30), "the call went on after its wait was interrupted"
+    assert cancelled.wait(30), f"the call went on after its wait was interrupted; {_loop_thread_stack()}"
+
+
+def _loop_thread_stack() -> str:
+    """What the model loop's thread is doing, for a failure's message."""
+    frames = sys._current_frames()
+    for thread in threading.enumerate():
+        if thread.name == "agents-model-loop" and thread.ident in frames:
+            return "the loop's thread:\n" + "".join(traceback.format_stack(frames[thread.ident]))
+    return "no model loop thread"
 
 
 def test_a_wait_that_outlasts_its_bound_gives_up_and_cancels_the_call() -> None:
