@@ -119,6 +119,7 @@ class Worker:
             self.proc.wait()
         except ProcessLookupError:
             pass
+        _wait_group_gone(self.proc.pid, timeout)
 
     def terminate(self, timeout: float = 60) -> int:
         """SIGTERM to the main process only, as `docker stop` or systemd send it; waits for exit."""
@@ -134,6 +135,36 @@ class Worker:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+def _wait_group_gone(pgid: int, timeout: float) -> None:
+    """Until no process of the worker's group is left (its steps and tools processes may outlive
+    the main one by a moment, still holding a broker consumer that would take the next test's
+    messages); SIGKILL to what is left after `timeout`."""
+    deadline, killed = time.monotonic() + timeout, False
+    while _group_alive(pgid):
+        if time.monotonic() > deadline:
+            if killed:
+                return  # what is left does not go (a zombie nobody reaps): nothing more to do
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+            deadline, killed = time.monotonic() + 5, True
+        time.sleep(0.02)  # polling the process table: there is no event for a group's end
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of group `pgid` is left that is not a zombie."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # state, ppid, pgrp, ...
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
 
 
 def stop_all(workers: Sequence[Worker], sig: int = signal.SIGTERM, timeout: float = 30) -> None:
