@@ -72,6 +72,7 @@ def test_an_interrupted_wait_cancels_its_call(attempt: int) -> None:
 
     main = threading.main_thread().ident
     assert main is not None and threading.get_ident() == main
+    loop = model_loop()
 
     def interrupt() -> None:
         if started.wait(10):
@@ -81,16 +82,18 @@ def test_an_interrupted_wait_cancels_its_call(attempt: int) -> None:
         threading.Thread(target=interrupt, daemon=True).start()
         with pytest.raises(KeyboardInterrupt):
             wait_on_loop(call())
-    assert cancelled.wait(30), f"the call went on after its wait was interrupted; {_loop_thread_stack()}"
+    assert cancelled.wait(30), f"the call went on after its wait was interrupted; {_loop_threads(loop)}"
 
 
-def _loop_thread_stack() -> str:
-    """What the model loop's thread is doing, for a failure's message."""
+def _loop_threads(loop: asyncio.AbstractEventLoop) -> str:
+    """The model loop the call went to, and what each model loop thread is doing, for a failure's
+    message."""
+    said = [f"the call's loop running: {loop.is_running()}, still the process's: {model_loop() is loop}"]
     frames = sys._current_frames()
     for thread in threading.enumerate():
         if thread.name == "agents-model-loop" and thread.ident in frames:
-            return "the loop's thread:\n" + "".join(traceback.format_stack(frames[thread.ident]))
-    return "no model loop thread"
+            said.append(f"{thread!r}:\n" + "".join(traceback.format_stack(frames[thread.ident])))
+    return "\n".join(said)
 
 
 def test_a_wait_that_outlasts_its_bound_gives_up_and_cancels_the_call() -> None:
