@@ -28,6 +28,7 @@ from celery_agents.errors import RedisUnavailable
 from celery_agents.model.slots import id_in_slot, shard_slots, tag_slot
 from celery_agents.store import client_for_url
 from tests.chaos.conftest import CHAOS_ENV, report
+from tests.chaos.counting import CountingModel
 from tests.chaos.invariants import check_invariants
 from tests.e2e.conftest import record_tool, runs, wait_for
 from tests.support.cluster import RedisCluster
@@ -53,32 +54,6 @@ def cluster(tmp_path: Path) -> Iterator[RedisCluster]:
     c = RedisCluster(tmp_path / "cluster").start()
     yield c
     c.stop()
-
-
-class CountingModel:
-    """Asks for the runSync tool, then the runAsync one, then answers; counts requests per session
-    (the prompt names it) and answers after `delay`, so that steps are in flight throughout."""
-
-    def __init__(self, delay: float) -> None:
-        self.delay = delay
-        self.lock = threading.Lock()
-        self.per_session: Counter[str] = Counter()
-
-    def __call__(self, body: dict[str, Any]) -> Reply:
-        prompt = next(m["content"] for m in body["messages"] if m["role"] == "user")
-        with self.lock:
-            self.per_session[str(prompt)] += 1
-        rounds = sum(1 for m in body["messages"] if m["role"] == "tool")
-        if rounds == 0:
-            return calls(("effect_sync", {"x": 1}), delay=self.delay)
-        if rounds == 1:
-            return calls(("effect_async", {"x": 2}), delay=self.delay)
-        return text("done", delay=self.delay)
-
-    @property
-    def total(self) -> int:
-        with self.lock:
-            return sum(self.per_session.values())
 
 
 class Run:

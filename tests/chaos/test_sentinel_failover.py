@@ -11,7 +11,6 @@ acknowledged is lost and found rewound."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -24,9 +23,10 @@ from celery_agents import Client
 from celery_agents.config import Settings
 from celery_agents.store import client_for_url
 from tests.chaos.conftest import report
+from tests.chaos.counting import CountingModel
 from tests.chaos.invariants import check_invariants
 from tests.e2e.conftest import record_tool, runs, wait_for
-from tests.support.llm_server import LlmServer, Reply, calls, text
+from tests.support.llm_server import LlmServer
 from tests.support.sentinel import SentinelSet
 from tests.support.workers import Worker, stop_all, worker_env
 
@@ -43,35 +43,10 @@ def sentinels(tmp_path: Path) -> Iterator[SentinelSet]:
     s.stop()
 
 
-class CountingModel:
-    """Asks for the runSync tool, then the runAsync one, then answers; counts requests per session
-    (the prompt names it) and answers after 50 ms, so that many steps are in flight at the kill."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.per_session: Counter[str] = Counter()
-
-    def __call__(self, body: dict[str, Any]) -> Reply:
-        prompt = next(m["content"] for m in body["messages"] if m["role"] == "user")
-        with self.lock:
-            self.per_session[str(prompt)] += 1
-        rounds = sum(1 for m in body["messages"] if m["role"] == "tool")
-        if rounds == 0:
-            return calls(("effect_sync", {"x": 1}), delay=0.05)
-        if rounds == 1:
-            return calls(("effect_async", {"x": 2}), delay=0.05)
-        return text("done", delay=0.05)
-
-    @property
-    def total(self) -> int:
-        with self.lock:
-            return sum(self.per_session.values())
-
-
 def test_every_session_completes_once_through_a_failover_under_load(
     sentinels: SentinelSet, prefix: str, llm_server: LlmServer, write_agent: Any, tmp_path: Path
 ) -> None:
-    model = CountingModel()
+    model = CountingModel(delay=0.05)  # many steps in flight at the kill
     scenario = llm_server.scenario([model])
     log = tmp_path / "effects.jsonl"
     path = write_agent(
