@@ -6,7 +6,7 @@ would leave it. Counted:
 
 - `MEMORY USAGE <key> SAMPLES 0` of every key of the session (its name and entry in the keyspace
   included), but the script replies kept for retries (`req:` keys: they expire within minutes);
-- what its entries add to the shared indexes (`sessions`, its state's, `ids`, `pending`,
+- what its entries add to the shared indexes (its state's, `ids`, `pending`,
   `deadlines`, `expiring`), measured on copies of those indexes filled with as many entries of the
   same shape as make Redis use its large encoding (a skiplist), as it does with many sessions.
 
@@ -56,7 +56,6 @@ def paused_session_bytes(url: str, prefix: str, home: Path) -> dict[str, Any]:
                 continue
             parts[_part(key)] = parts.get(_part(key), 0) + int(r.memory_usage(key, samples=0) or 0)
         indexes = {
-            "sessions": keys.sessions,
             "state": keys.state_index(view.state.value),
             "ids": keys.ids,
             "pending": keys.pending_all,

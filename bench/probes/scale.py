@@ -145,7 +145,7 @@ def measure(store: Any, url: str, prefix: str, cli_runs: int) -> dict[str, Any]:
     client._store = store
     env = agents_env(url, prefix)
     out = {
-        "sessions": store.client.zcard(store.keys.sessions),
+        "sessions": sum(store.state_counts().values()),
         "store_pending_one_ms": median_ms(lambda: store.pending_view(one)),
         "store_pending_page50_ms": median_ms(lambda: store.pending_view(limit=50)),
         "client_list50_ms": median_ms(lambda: client.list(limit=50)),

@@ -139,11 +139,14 @@ class StoreCore:
 
     def check_format(self) -> None:
         """Refuse a Redis whose data under this prefix has another stored format than this
-        release's (`STORED_FORMAT`); record the format where none is (one round trip)."""
+        release's (`STORED_FORMAT`); record the format where none is (one round trip). Drops the
+        index of all sessions that earlier releases kept (`Keys.old_sessions_index`)."""
         pipe = self.client.pipeline(transaction=False)
         pipe.setnx(self.keys.format, STORED_FORMAT)
         pipe.get(self.keys.format)
-        _, found = pipe.execute()
+        for shard in self.keys.all_shards():
+            pipe.unlink(shard.old_sessions_index)
+        found = pipe.execute()[1]
         if found != str(STORED_FORMAT):
             raise IncompatibleData(
                 f"this Redis holds celery-agents data of format {found} under prefix {self.keys.prefix!r}; this "

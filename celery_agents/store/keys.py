@@ -3,7 +3,7 @@
 Session keys carry the hash tag `{<session_id>}` so that one session's keys share a Cluster slot.
 A session script receives in `KEYS` the keys it touches, in the order of `SCRIPT_KEY_NAMES`.
 
-The global indexes (sessions, states, pending, deadlines, owed, dispatched, expiring, counters,
+The global indexes (states, pending, deadlines, owed, dispatched, expiring, counters,
 ids, the completions streams, rewound, agent specs) are split into `shards` (AGENTS_INDEX_SHARDS):
 with one shard their names are `<prefix>:<name>`; with more, shard n's are
 `<prefix>:{<tag n>}:<name>`, every key of a shard in one slot (model/slots.py), and a session's
@@ -37,7 +37,7 @@ SESSION_KEY_NAMES = (
     "claims",
 )
 #: the shared keys a session script gets after the session's (then one index per stored state)
-SHARED_KEY_NAMES = ("sessions", "pending_all", "deadlines", "owed", "dispatched", "counters")
+SHARED_KEY_NAMES = ("pending_all", "deadlines", "owed", "dispatched", "counters")
 #: the states a session is stored in, each with its index (`running` is only ever shown)
 STORED_STATES = tuple(s.value for s in State if s is not State.RUNNING)
 #: the states of a session that no longer runs: the ones `delete` and `purge` take
@@ -205,14 +205,15 @@ class Keys:
 
     # -- shared -------------------------------------------------------------------------------
     @property
-    def sessions(self) -> str:
-        """Sorted set: session ids by last update (ms)."""
-        return f"{self.base}:sessions"
-
-    @property
     def format(self) -> str:
         """String: the stored format of everything under this prefix (store/core.py `STORED_FORMAT`)."""
         return f"{self.prefix}:format"
+
+    @property
+    def old_sessions_index(self) -> str:
+        """Sorted set that earlier releases of format 3 kept of every session, by last update;
+        nothing reads it now (each session is in its state's index), `check_format` drops it."""
+        return f"{self.base}:sessions"
 
     def state_index(self, state: str) -> str:
         """Sorted set: session ids in one stored state, by last update (ms)."""

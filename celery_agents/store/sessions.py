@@ -312,14 +312,16 @@ class SessionStore(StoreCore):
         return [header_from_hash(d, sid) for sid, d in zip(ids, pipe.execute(), strict=True) if d]
 
     def _newest(self, state: str | None, limit: int) -> list[str]:
-        """The ids of the `limit` sessions (in `state`) updated last, newest first: each shard's
-        newest `limit`, merged."""
-        if self.keys.shards == 1:
-            index = self.keys.state_index(state) if state else self.keys.sessions
-            return cast("list[str]", self.client.zrevrange(index, 0, limit - 1))
+        """The ids of the `limit` sessions (in `state`, else in any) updated last, newest first:
+        the newest `limit` of each state index asked (of each shard), merged. Every session is in
+        the index of its stored state, so no index of all sessions is kept beside them."""
+        states = (state,) if state else STORED_STATES
+        indexes = [shard.state_index(s) for shard in self.keys.all_shards() for s in states]
+        if len(indexes) == 1:
+            return cast("list[str]", self.client.zrevrange(indexes[0], 0, limit - 1))
         pipe = self.client.pipeline(transaction=False)
-        for shard in self.keys.all_shards():
-            pipe.zrevrange(shard.state_index(state) if state else shard.sessions, 0, limit - 1, withscores=True)
+        for index in indexes:
+            pipe.zrevrange(index, 0, limit - 1, withscores=True)
         rows = [row for chunk in pipe.execute() for row in chunk]
         return [sid for sid, _ in sorted(rows, key=lambda r: -r[1])[:limit]]
 

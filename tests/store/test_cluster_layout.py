@@ -105,8 +105,7 @@ def test_id_in_slot_reaches_every_slot() -> None:
 def test_with_one_shard_every_name_is_as_before() -> None:
     k = Keys("agents")
     assert k.at(0) is k and k.all_shards() == (k,)
-    assert (k.sessions, k.pending_all, k.deadlines, k.owed, k.expiring, k.dispatched, k.counters, k.ids) == (
-        "agents:sessions",
+    assert (k.pending_all, k.deadlines, k.owed, k.expiring, k.dispatched, k.counters, k.ids) == (
         "agents:pending",
         "agents:deadlines",
         "agents:owed",

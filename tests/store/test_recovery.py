@@ -73,7 +73,7 @@ def test_doctor_reads_each_entry_as_the_sweeper_judges_it(any_store: Store) -> N
 def _pending_members(store: Store) -> list[tuple[str, str]]:
     """Every call a test session made (pending or not), as `dispatched` members."""
     out = []
-    for sid in store.client.zrange(store.keys.sessions, 0, -1):
+    for sid in store._newest(None, 1000):
         out += [(sid, f) for f in store.client.hkeys(store.keys.calls(sid))]
     return out
 

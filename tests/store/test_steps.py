@@ -47,7 +47,6 @@ def test_create_session_stores_header_first_turn_indexes_and_event(any_store: St
     assert h.execution_mode == "asynchronous"
     [turn] = store.turns(sid)
     assert isinstance(turn, UserTurn) and turn.query is not None and turn.query.text == "hello there"
-    assert in_index(store, store.keys.sessions, sid)
     assert in_index(store, store.keys.state_index("ready"), sid)
     assert event_types(store, sid) == ["session_started"]
     assert store.owed(older_than=9e9) == []

@@ -31,3 +31,15 @@ def test_a_redis_holding_another_format_is_refused_by_workers_and_new_sessions(s
         with pytest.raises(IncompatibleData):
             client.start(make_agent(), "hi")
         assert client.list() == [], "no session was written"
+
+
+def test_the_index_of_all_sessions_an_earlier_release_kept_is_dropped_and_its_sessions_still_listed(
+    settings: Settings,
+) -> None:
+    with Client(settings, inline=True) as client:
+        sid = client.start(make_agent(), "hi").session_id
+        r, keys = client.store.client, client.store.keys
+        r.zadd(keys.old_sessions_index, {sid: 1, "a-session-long-gone": 2})  # as an earlier release left it
+        client.store.check_format()
+        assert r.exists(keys.old_sessions_index) == 0
+        assert [v.session_id for v in client.list()] == [sid]

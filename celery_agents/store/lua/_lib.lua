@@ -81,7 +81,6 @@ local function touch(st, extra)
   for _, v in ipairs(extra or {}) do fields[#fields + 1] = v end
   redis.call('HSET', K.meta, unpack(fields))
   if not st then st = redis.call('HGET', K.meta, 'state') end
-  redis.call('ZADD', K.sessions, NOW_MS, SID)
   if st and STATE_KEYS[st] then redis.call('ZADD', STATE_KEYS[st], NOW_MS, SID) end
 end
 

@@ -189,7 +189,6 @@ redis.call('HSET', K.meta, unpack(fields))
 record_version(version, tonumber(m[3] or '0') + c.n_turns, c.meta.head, c.state, c.kind, c.summary)
 local old = m[5]
 if old and old ~= c.state and STATE_KEYS[old] then redis.call('ZREM', STATE_KEYS[old], SID) end
-redis.call('ZADD', K.sessions, NOW_MS, SID)
 if STATE_KEYS[c.state] then redis.call('ZADD', STATE_KEYS[c.state], NOW_MS, SID) end
 -- The journal of the step (the lease went above), if the step may have written one.
 if journal_may_hold(m[9], m[8]) then redis.call('DEL', K.journal) end

@@ -20,7 +20,6 @@ for _, field in ipairs(redis.call('HKEYS', K.calls)) do
   unindex_call(field)
   redis.call('ZREM', KEYS[NKEYS + 3], SID .. ' ' .. field)
 end
-redis.call('ZREM', K.sessions, SID)
 redis.call('ZREM', K.owed, SID)
 for _, key in pairs(STATE_KEYS) do redis.call('ZREM', key, SID) end
 redis.call('ZREM', KEYS[NKEYS + 1], SID)
