@@ -23,6 +23,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 from bench.harness import DEFER_AGENT, DEFER_PROMPT
 
 #: entries the index copies get first: more than `zset-max-listpack-entries` (128)

@@ -243,29 +243,27 @@ def translated(exc: redis.RedisError) -> redis.RedisError:
     return new
 
 
-class StateRedis(redis.Redis):
-    """The client of the Redis that holds sessions. Its failures are translated once, here: every
-    error a command or a pipeline raises is also a `RedisUnavailable` or a `RedisRefused`, so the
-    runtime, the CLI and the HTTP API handle the project's errors and never import redis-py."""
+class _Translated:
+    """Failures of the Redis that holds sessions are translated once, here: every error a command
+    or a pipeline raises is also a `RedisUnavailable` or a `RedisRefused`, so the runtime, the CLI
+    and the HTTP API handle the project's errors and never import redis-py."""
 
     def execute_command(self, *args: Any, **options: Any) -> Any:
         try:
-            return super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
+            return super().execute_command(*args, **options)  # type: ignore[misc]
         except redis.RedisError as exc:
             raise translated(exc) from None
+
+
+class StateRedis(_Translated, redis.Redis):
+    """The client of the Redis that holds sessions, its errors translated (`_Translated`)."""
 
     def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> redis.client.Pipeline:
         return StatePipeline(self.connection_pool, self.response_callbacks, transaction, shard_hint)
 
 
-class StatePipeline(redis.client.Pipeline):
+class StatePipeline(_Translated, redis.client.Pipeline):
     """A pipeline of `StateRedis`: its errors translated the same way."""
-
-    def execute_command(self, *args: Any, **options: Any) -> Any:
-        try:
-            return super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
-        except redis.RedisError as exc:
-            raise translated(exc) from None
 
     def execute(self, raise_on_error: bool = True) -> list[Any]:
         """The replies; a pipeline that lost its connection keeps its commands, so that sending it
@@ -348,7 +346,7 @@ class StateCluster(_KeysHere, redis.cluster.RedisCluster):
         return self.get_node_from_key(key)  # type: ignore[no-untyped-call]
 
 
-class StateClusterPipeline(_KeysHere, redis.cluster.ClusterPipeline):
+class StateClusterPipeline(_Translated, _KeysHere, redis.cluster.ClusterPipeline):
     """A pipeline of `StateCluster`. redis-py refuses EVALSHA, MGET, TIME and PUBLISH in a cluster
     pipeline because each could span slots; the store sends them for one slot only (a script's
     KEYS are one slot: tests/store/test_cluster_layout.py), so they are queued like any command.
@@ -379,12 +377,6 @@ class StateClusterPipeline(_KeysHere, redis.cluster.ClusterPipeline):
         self._sources[len(self)] = source
         return self.execute_command("EVALSHA", sha, len(keys), *keys, *args)
 
-    def execute_command(self, *args: Any, **options: Any) -> Any:
-        try:
-            return super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
-        except redis.RedisError as exc:
-            raise translated(exc) from None
-
     def execute(self, raise_on_error: bool = True) -> list[Any]:
         try:
             return self._execute(raise_on_error)
@@ -403,7 +395,7 @@ class StateClusterPipeline(_KeysHere, redis.cluster.ClusterPipeline):
         except _UNREACHED as exc:
             self._execution_strategy.reset()  # type: ignore[no-untyped-call]
             for args, options in queued:
-                super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
+                super().execute_command(*args, **options)
             self._sources = sources
             raise translated(exc) from None
         except redis.RedisError as exc:
