@@ -21,6 +21,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import os
+import signal
 import threading
 from collections.abc import Coroutine, MutableMapping
 from typing import Any, TypeVar
@@ -72,11 +73,26 @@ def wait_on_loop(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> 
         start_on_loop(model_loop(), coro, done)
         return done.result(timeout)
     except concurrent.futures.TimeoutError:
-        done.cancel()
+        give_up(done)
         raise TimeoutError(f"no answer within {timeout} s") from None
     except BaseException:
-        done.cancel()
+        give_up(done)
         raise
+
+
+def give_up(done: concurrent.futures.Future[Any]) -> None:
+    """Cancel `done`, and with it its call (or the call's start), with Ctrl-C held back meanwhile
+    in the main thread. A second Ctrl-C landing inside `cancel`, after the future is marked
+    cancelled and before its callbacks ran, would skip the one that cancels the call and leave the
+    call running: a person pressing Ctrl-C twice. Held back, it is raised right after."""
+    if threading.current_thread() is not threading.main_thread():
+        done.cancel()
+        return
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        done.cancel()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def start_on_loop(

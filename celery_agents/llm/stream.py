@@ -26,7 +26,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from celery_agents.llm.loop import model_loop, start_on_loop
+from celery_agents.llm.loop import give_up, model_loop, start_on_loop
 from celery_agents.scheduler.ports import DeltaKind, LiveOutput
 
 
@@ -200,8 +200,8 @@ def await_answer(coro: Coroutine[Any, Any, Any], live: LiveOutput, relay: Relay,
     wake = relay.wake
     done.add_done_callback(lambda _: wake.set())
     live.on_interrupt(wake.set)
-    start_on_loop(model_loop(), coro, done)
     try:
+        start_on_loop(model_loop(), coro, done)
         while True:
             if live.interrupted():
                 raise Interrupted
@@ -223,5 +223,5 @@ def await_answer(coro: Coroutine[Any, Any, Any], live: LiveOutput, relay: Relay,
             live.write(rest)
         return result
     except BaseException:
-        done.cancel()
+        give_up(done)
         raise

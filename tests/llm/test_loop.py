@@ -4,6 +4,7 @@ the server at once; an interrupted wait cancels its call; a forked child makes a
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import os
 import signal
@@ -11,6 +12,7 @@ import sys
 import threading
 import traceback
 from pathlib import Path
+from types import FrameType
 
 import pytest
 
@@ -82,7 +84,49 @@ def test_an_interrupted_wait_cancels_its_call(attempt: int) -> None:
         threading.Thread(target=interrupt, daemon=True).start()
         with pytest.raises(KeyboardInterrupt):
             wait_on_loop(call())
-    assert cancelled.wait(30), f"the call went on after its wait was interrupted; {_loop_threads(loop)}"
+    assert cancelled.wait(30), (
+        f"the call went on after its wait was interrupted; the call started: {started.is_set()}; {_loop_threads(loop)}"
+    )
+
+
+def test_a_second_ctrl_c_while_the_wait_gives_up_still_cancels_the_call() -> None:
+    """A person pressing Ctrl-C twice: the second lands inside the cancelling of the first's wait,
+    after the future is marked cancelled and before its callbacks ran, where it would skip the one
+    that cancels the call. It is held back until the call is cancelled, then raised."""
+    started, cancelled = threading.Event(), threading.Event()
+
+    async def call() -> None:
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    main = threading.main_thread().ident
+    assert main is not None and threading.get_ident() == main
+    callbacks = concurrent.futures.Future._invoke_callbacks.__code__  # type: ignore[attr-defined]
+    sent: list[int] = []
+
+    def second_ctrl_c(frame: FrameType, event: str, _arg: object) -> None:
+        if event == "call" and frame.f_code is callbacks and not sent:
+            sent.append(signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)
+
+    def interrupt() -> None:
+        if started.wait(10):
+            signal.pthread_kill(main, signal.SIGINT)
+
+    with sigint_raises():
+        threading.Thread(target=interrupt, daemon=True).start()
+        sys.settrace(second_ctrl_c)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                wait_on_loop(call())
+        finally:
+            sys.settrace(None)
+    assert sent == [signal.SIGINT], "the second Ctrl-C was sent while the wait gave up"
+    assert cancelled.wait(30), "the call went on after two Ctrl-C"
 
 
 def _loop_threads(loop: asyncio.AbstractEventLoop) -> str:
