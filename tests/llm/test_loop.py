@@ -60,32 +60,43 @@ async def _count_tasks() -> int:
     return len(asyncio.all_tasks()) - 1  # this one
 
 
-@pytest.mark.parametrize("attempt", range(20))  # the interrupt lands anywhere in the wait's start
-def test_an_interrupted_wait_cancels_its_call(attempt: int) -> None:
-    started, cancelled = threading.Event(), threading.Event()
+class SleepingCall:
+    """A model call that sleeps until cancelled, saying when it started and when it was cancelled,
+    and a Ctrl-C sent to the main thread (waiting on it) once it has started."""
 
-    async def call() -> None:
-        started.set()
+    def __init__(self) -> None:
+        self.started, self.cancelled = threading.Event(), threading.Event()
+        main = threading.main_thread().ident
+        assert main is not None and threading.get_ident() == main
+        self.main = main
+
+    async def call(self) -> None:
+        self.started.set()
         try:
             await asyncio.sleep(60)
         except asyncio.CancelledError:
-            cancelled.set()
+            self.cancelled.set()
             raise
 
-    main = threading.main_thread().ident
-    assert main is not None and threading.get_ident() == main
-    loop = model_loop()
+    def interrupt_once_started(self) -> None:
+        def interrupt() -> None:
+            if self.started.wait(10):
+                signal.pthread_kill(self.main, signal.SIGINT)  # Ctrl-C of the CLI waiting on its inline step
 
-    def interrupt() -> None:
-        if started.wait(10):
-            signal.pthread_kill(main, signal.SIGINT)  # Ctrl-C of the CLI waiting on its inline step
-
-    with sigint_raises():  # also in a test run that ignores SIGINT
         threading.Thread(target=interrupt, daemon=True).start()
+
+
+@pytest.mark.parametrize("attempt", range(20))  # the interrupt lands anywhere in the wait's start
+def test_an_interrupted_wait_cancels_its_call(attempt: int) -> None:
+    call = SleepingCall()
+    loop = model_loop()
+    with sigint_raises():  # also in a test run that ignores SIGINT
+        call.interrupt_once_started()
         with pytest.raises(KeyboardInterrupt):
-            wait_on_loop(call())
-    assert cancelled.wait(30), (
-        f"the call went on after its wait was interrupted; the call started: {started.is_set()}; {_loop_threads(loop)}"
+            wait_on_loop(call.call())
+    assert call.cancelled.wait(30), (
+        f"the call went on after its wait was interrupted; the call started: {call.started.is_set()}; "
+        + _loop_threads(loop)
     )
 
 
@@ -93,18 +104,7 @@ def test_a_second_ctrl_c_while_the_wait_gives_up_still_cancels_the_call() -> Non
     """A person pressing Ctrl-C twice: the second lands inside the cancelling of the first's wait,
     after the future is marked cancelled and before its callbacks ran, where it would skip the one
     that cancels the call. It is held back until the call is cancelled, then raised."""
-    started, cancelled = threading.Event(), threading.Event()
-
-    async def call() -> None:
-        started.set()
-        try:
-            await asyncio.sleep(60)
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
-
-    main = threading.main_thread().ident
-    assert main is not None and threading.get_ident() == main
+    call = SleepingCall()
     callbacks = concurrent.futures.Future._invoke_callbacks.__code__  # type: ignore[attr-defined]
     sent: list[int] = []
 
@@ -113,20 +113,16 @@ def test_a_second_ctrl_c_while_the_wait_gives_up_still_cancels_the_call() -> Non
             sent.append(signal.SIGINT)
             signal.raise_signal(signal.SIGINT)
 
-    def interrupt() -> None:
-        if started.wait(10):
-            signal.pthread_kill(main, signal.SIGINT)
-
     with sigint_raises():
-        threading.Thread(target=interrupt, daemon=True).start()
+        call.interrupt_once_started()
         sys.settrace(second_ctrl_c)
         try:
             with pytest.raises(KeyboardInterrupt):
-                wait_on_loop(call())
+                wait_on_loop(call.call())
         finally:
             sys.settrace(None)
     assert sent == [signal.SIGINT], "the second Ctrl-C was sent while the wait gave up"
-    assert cancelled.wait(30), "the call went on after two Ctrl-C"
+    assert call.cancelled.wait(30), "the call went on after two Ctrl-C"
 
 
 def _loop_threads(loop: asyncio.AbstractEventLoop) -> str:
@@ -141,18 +137,10 @@ def _loop_threads(loop: asyncio.AbstractEventLoop) -> str:
 
 
 def test_a_wait_that_outlasts_its_bound_gives_up_and_cancels_the_call() -> None:
-    cancelled = threading.Event()
-
-    async def call() -> None:
-        try:
-            await asyncio.sleep(60)
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
-
+    call = SleepingCall()
     with pytest.raises(TimeoutError, match=r"no answer within 0\.2 s"):
-        wait_on_loop(call(), timeout=0.2)
-    assert cancelled.wait(5), "the call went on after its wait gave up"
+        wait_on_loop(call.call(), timeout=0.2)
+    assert call.cancelled.wait(5), "the call went on after its wait gave up"
 
 
 def test_a_loop_whose_thread_stopped_is_replaced() -> None:
