@@ -21,9 +21,9 @@ import asyncio
 import concurrent.futures
 import contextlib
 import os
-import signal
+import queue
 import threading
-from collections.abc import Coroutine, MutableMapping
+from collections.abc import Callable, Coroutine, MutableMapping
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -31,6 +31,22 @@ T = TypeVar("T")
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
 _loop_pid = 0
+_canceller: threading.Thread | None = None
+
+#: the futures of waits given up, for the canceller thread (`_cancel_given_up`) to cancel
+_given_up: queue.SimpleQueue[concurrent.futures.Future[Any]] = queue.SimpleQueue()
+
+#: Give up a wait on `done`: its future is cancelled, and with it its call (or the call's start),
+#: on the canceller thread. Not in the waiting thread: there (the main thread, for a CLI's inline
+#: step) a second KeyboardInterrupt, Ctrl-C pressed twice, is raised as the next Python function
+#: starts or the next call returns, so also after `Future.cancel` marked the future cancelled and
+#: before its callbacks ran, skipping the one that cancels the call, which goes on with nobody
+#: waiting. Holding SIGINT back in the main thread does not prevent that: a terminal's Ctrl-C is
+#: sent to the process, another thread takes it, and the main thread raises it all the same. So
+#: giving up is a C method (`SimpleQueue.put`) that the wait's `except` calls first: no Python runs
+#: between the interrupt caught and the future handed over. The canceller thread, which no
+#: KeyboardInterrupt reaches, cancels it and runs its callbacks.
+give_up: Callable[[concurrent.futures.Future[Any]], None] = _given_up.put
 
 #: litellm's limits on the connections its async HTTP client opens (read once, when litellm is
 #: imported): in all, and to one host
@@ -38,19 +54,28 @@ _CONNECTION_LIMITS = {"AIOHTTP_CONNECTOR_LIMIT": 1000, "AIOHTTP_CONNECTOR_LIMIT_
 
 
 def _reset_after_fork() -> None:
-    """A forked child makes its own loop, under its own lock (another thread of the parent may have
-    held this one at the fork)."""
-    global _lock, _loop, _loop_pid
-    _lock, _loop, _loop_pid = threading.Lock(), None, 0
+    """A forked child makes its own loop and canceller, under its own lock (another thread of the
+    parent may have held this one at the fork). The parent's given-up futures are not the child's
+    to cancel: its calls are not on the child's loop, and the parent's canceller may have been
+    cancelling one at the fork, whose lock nobody in the child would release."""
+    global _lock, _loop, _loop_pid, _canceller
+    _lock, _loop, _loop_pid, _canceller = threading.Lock(), None, 0, None
+    with contextlib.suppress(queue.Empty):
+        while True:
+            _given_up.get_nowait()
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 def model_loop() -> asyncio.AbstractEventLoop:
-    """This process's loop for model calls, started on first use."""
-    global _loop, _loop_pid
+    """This process's loop for model calls, started on first use, with the thread that cancels the
+    calls whose waits were given up."""
+    global _loop, _loop_pid, _canceller
     with _lock:
+        if _canceller is None or not _canceller.is_alive():
+            _canceller = threading.Thread(target=_cancel_given_up, name="agents-model-cancel", daemon=True)
+            _canceller.start()
         # Made again if its thread is gone: a call handed to a loop that no longer runs would
         # never be answered, and its step would hold its lease for ever.
         if _loop is None or _loop_pid != os.getpid() or not _loop.is_running():
@@ -67,43 +92,55 @@ def wait_on_loop(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> 
     """Run `coro` on the process's model loop and wait here for its result or its exception, at most
     `timeout` seconds (then `TimeoutError`). A wait that ends without a result (timed out, or
     interrupted: Ctrl-C of a step run by the CLI) cancels the coroutine, which is not left running;
-    the future exists before the coroutine is handed over, so no moment of an interrupt escapes."""
+    the future exists before the coroutine is handed over, so no moment of an interrupt escapes,
+    and `give_up` hands it to be cancelled before another interrupt can land.
+
+    The wait is on a queue the loop puts the settled future on, not in `Future.result`: that waits
+    under the future's lock, taken and released by Python code (`threading.Condition`), where a
+    KeyboardInterrupt can leave it held by this thread; then whatever settles or cancels the future
+    would wait for it for ever. The future's lock is taken here only once it is settled."""
     done: concurrent.futures.Future[T] = concurrent.futures.Future()
+    settled: queue.SimpleQueue[concurrent.futures.Future[T]] = queue.SimpleQueue()
+    bound = None if timeout is None else max(0.0, timeout)
     try:
-        start_on_loop(model_loop(), coro, done)
-        return done.result(timeout)
-    except concurrent.futures.TimeoutError:
+        start_on_loop(model_loop(), coro, done, settled.put)
+        settled.get(timeout=bound)
+    except queue.Empty:
         give_up(done)
         raise TimeoutError(f"no answer within {timeout} s") from None
     except BaseException:
         give_up(done)
         raise
+    return done.result()
 
 
-def give_up(done: concurrent.futures.Future[Any]) -> None:
-    """Cancel `done`, and with it its call (or the call's start), with Ctrl-C held back meanwhile
-    in the main thread. A second Ctrl-C landing inside `cancel`, after the future is marked
-    cancelled and before its callbacks ran, would skip the one that cancels the call and leave the
-    call running: a person pressing Ctrl-C twice. Held back, it is raised right after."""
-    if threading.current_thread() is not threading.main_thread():
-        done.cancel()
-        return
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        done.cancel()
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+def _cancel_given_up() -> None:
+    """The canceller thread: cancels each future given up (`give_up`), and so its call."""
+    while True:
+        _given_up.get().cancel()
 
 
 def start_on_loop(
-    loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T], done: concurrent.futures.Future[T]
+    loop: asyncio.AbstractEventLoop,
+    coro: Coroutine[Any, Any, T],
+    done: concurrent.futures.Future[T],
+    then: Callable[[concurrent.futures.Future[T]], object] | None = None,
 ) -> None:
-    """Hand `coro` to `loop`, its outcome to settle `done` (cancelling `done` cancels it)."""
-    loop.call_soon_threadsafe(_start, loop, coro, done)
+    """Hand `coro` to `loop`, its outcome to settle `done` (cancelling `done` cancels it); `then`,
+    if given, is called with `done` once settled, on the loop (no waiting thread touches `done`'s
+    lock to register it)."""
+    loop.call_soon_threadsafe(_start, loop, coro, done, then)
 
 
-def _start(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T], done: concurrent.futures.Future[T]) -> None:
+def _start(
+    loop: asyncio.AbstractEventLoop,
+    coro: Coroutine[Any, Any, T],
+    done: concurrent.futures.Future[T],
+    then: Callable[[concurrent.futures.Future[T]], object] | None,
+) -> None:
     """On the loop: run `coro` as a task whose outcome settles `done`; cancelling `done` cancels it."""
+    if then is not None:
+        done.add_done_callback(then)
     if done.cancelled():  # given up before it started
         coro.close()
         return

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import queue
 import threading
 import time
 from collections.abc import Coroutine
@@ -30,12 +31,38 @@ from celery_agents.llm.loop import give_up, model_loop, start_on_loop
 from celery_agents.scheduler.ports import DeltaKind, LiveOutput
 
 
+class Wake:
+    """Wakes the step's thread: `threading.Event`'s `set`, `is_set` and `wait` (which also clears)
+    on a queue written in C. An Event waits under a lock that Python code takes and releases, where
+    a KeyboardInterrupt (Ctrl-C of a step run by the CLI) can leave it held by the waiting thread;
+    the model loop setting it would then wait for ever, and every call of the process with it."""
+
+    def __init__(self) -> None:
+        self._woken: queue.SimpleQueue[bool] = queue.SimpleQueue()
+
+    def set(self) -> None:
+        self._woken.put(True)
+
+    def is_set(self) -> bool:
+        return not self._woken.empty()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until set, at most `timeout` seconds; whether it was set. Clears it."""
+        try:
+            self._woken.get(timeout=None if timeout is None else max(0.0, timeout))
+        except queue.Empty:
+            return False
+        while not self._woken.empty():
+            self._woken.get_nowait()
+        return True
+
+
 class Relay:
     """Pieces of an answer, appended on the model loop and taken by the step's thread."""
 
     def __init__(self, max_chars: int, interval: float) -> None:
         self.max_chars, self.interval = max_chars, interval
-        self.wake = threading.Event()
+        self.wake = Wake()
         self._lock = threading.Lock()
         self._parts: list[tuple[DeltaKind, str]] = []
         self._chars = 0
@@ -198,14 +225,19 @@ def await_answer(coro: Coroutine[Any, Any, Any], live: LiveOutput, relay: Relay,
     that ends without a result cancels the coroutine."""
     done: concurrent.futures.Future[Any] = concurrent.futures.Future()
     wake = relay.wake
-    done.add_done_callback(lambda _: wake.set())
+    settled: list[bool] = []  # set on the loop once `done` is: no lock of `done` taken before
+
+    def finished(_: concurrent.futures.Future[Any]) -> None:
+        settled.append(True)
+        wake.set()
+
     live.on_interrupt(wake.set)
     try:
-        start_on_loop(model_loop(), coro, done)
+        start_on_loop(model_loop(), coro, done, finished)
         while True:
             if live.interrupted():
                 raise Interrupted
-            if done.done():
+            if settled:
                 break
             now = time.monotonic()
             if relay.due(live.interval, now):
@@ -216,7 +248,6 @@ def await_answer(coro: Coroutine[Any, Any, Any], live: LiveOutput, relay: Relay,
             since = relay.since
             wait = idle_left if since is None else min(idle_left, max(0.0, since + live.interval - now))
             wake.wait(wait)
-            wake.clear()
         result = done.result()
         rest = relay.take()
         if rest:

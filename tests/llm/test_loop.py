@@ -4,20 +4,23 @@ the server at once; an interrupted wait cancels its call; a forked child makes a
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import json
 import os
 import signal
 import sys
 import threading
+import time
 import traceback
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import pytest
 
 from celery_agents.llm import LitellmPort, RetryPolicy
 from celery_agents.llm.loop import allow_connections, model_loop, wait_on_loop
+from celery_agents.llm.stream import Relay, await_answer
 from celery_agents.scheduler import LlmRequest
 from celery_agents.tools.resolve import parse_agent
 from tests.support.interrupt import sigint_raises
@@ -88,41 +91,112 @@ class SleepingCall:
 
 @pytest.mark.parametrize("attempt", range(20))  # the interrupt lands anywhere in the wait's start
 def test_an_interrupted_wait_cancels_its_call(attempt: int) -> None:
+    """Ctrl-C once the call started cancels it. A SIGINT from elsewhere in the process may come
+    first, before the call started (the helper waits for the start): then the call must never
+    start, which 30 s without its start or its cancel shows."""
     call = SleepingCall()
     loop = model_loop()
     with sigint_raises():  # also in a test run that ignores SIGINT
         call.interrupt_once_started()
         with pytest.raises(KeyboardInterrupt):
             wait_on_loop(call.call())
-    assert call.cancelled.wait(30), (
-        f"the call went on after its wait was interrupted; the call started: {call.started.is_set()}; "
-        + _loop_threads(loop)
+    assert call.cancelled.wait(30) or not call.started.is_set(), (
+        f"the call went on after its wait was interrupted; {_loop_threads(loop)}"
     )
 
 
-def test_a_second_ctrl_c_while_the_wait_gives_up_still_cancels_the_call() -> None:
-    """A person pressing Ctrl-C twice: the second lands inside the cancelling of the first's wait,
-    after the future is marked cancelled and before its callbacks ran, where it would skip the one
-    that cancels the call. It is held back until the call is cancelled, then raised."""
-    call = SleepingCall()
-    callbacks = concurrent.futures.Future._invoke_callbacks.__code__  # type: ignore[attr-defined]
-    sent: list[int] = []
+class SecondCtrlC:
+    """A trace function of the main thread that sends a second Ctrl-C at the `at`-th Python
+    function to start after the first KeyboardInterrupt was raised, until the wait ends: where the
+    main thread raises it at once (a function's start checks for signals). To the main thread
+    (`raise_signal`), or to the process, as a terminal's Ctrl-C is sent: another thread takes it
+    if the main thread holds SIGINT back, and the main thread raises it at its next check."""
 
-    def second_ctrl_c(frame: FrameType, event: str, _arg: object) -> None:
-        if event == "call" and frame.f_code is callbacks and not sent:
-            sent.append(signal.SIGINT)
-            signal.raise_signal(signal.SIGINT)
+    def __init__(self, at: int, to_process: bool, wait: Callable[..., Any]) -> None:
+        self.at, self.to_process, self.wait = at, to_process, wait.__code__
+        self.interrupted, self.over, self.starts, self.where = False, False, 0, ""
 
-    with sigint_raises():
-        call.interrupt_once_started()
-        sys.settrace(second_ctrl_c)
-        try:
-            with pytest.raises(KeyboardInterrupt):
-                wait_on_loop(call.call())
-        finally:
-            sys.settrace(None)
-    assert sent == [signal.SIGINT], "the second Ctrl-C was sent while the wait gave up"
-    assert call.cancelled.wait(30), "the call went on after two Ctrl-C"
+    @property
+    def sent(self) -> bool:
+        return bool(self.where)
+
+    def trace(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "exception" and isinstance(arg, tuple) and arg[0] is KeyboardInterrupt and not self.over:
+            self.interrupted = True
+        elif event == "return" and frame.f_code is self.wait:
+            self.interrupted, self.over = False, True  # the wait is over: no place after it counts
+        elif event == "call" and self.interrupted and not self.sent:
+            if self.starts == self.at:
+                self.where = frame.f_code.co_qualname
+                if self.to_process:
+                    os.kill(os.getpid(), signal.SIGINT)
+                    time.sleep(0.05)  # for the thread that takes it, if not this one
+                else:
+                    signal.raise_signal(signal.SIGINT)
+            self.starts += 1
+        return self.trace
+
+
+class QuietLive:
+    """A live output nobody interrupts, whose writes are dropped."""
+
+    interval, max_chars = 0.05, 4096
+
+    def start(self) -> None: ...
+
+    def write(self, parts: object) -> None: ...
+
+    def interrupted(self) -> bool:
+        return False
+
+    def on_interrupt(self, wake: Callable[[], None]) -> None: ...
+
+
+def streamed_wait(coro: Coroutine[Any, Any, Any]) -> Any:
+    return await_answer(coro, QuietLive(), Relay(4096, 0.05), idle_timeout=60)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("sent_to", ["main thread", "process"])
+@pytest.mark.parametrize("wait", [wait_on_loop, await_answer], ids=["answer", "streamed answer"])
+def test_a_second_ctrl_c_anywhere_while_the_wait_gives_up_still_cancels_the_call(
+    sent_to: str, wait: Callable[..., Any]
+) -> None:
+    """A person pressing Ctrl-C twice: the second lands while the first's wait gives up, at each
+    place in turn where the main thread can raise it, from the first KeyboardInterrupt to the end
+    of the wait. Wherever it lands, the call is cancelled and the loop goes on answering. Where
+    Python code gives up, there are such places: one after `Future.cancel` marked the future
+    cancelled and before its callbacks ran leaves the call running; one inside the `with` of a
+    lock taken by Python code (the future's, an Event's) leaves it held by the main thread, for the
+    loop to wait on for ever."""
+    places: list[str] = []
+    run = wait_on_loop if wait is wait_on_loop else streamed_wait
+    while True:
+        call = SleepingCall()
+        second = SecondCtrlC(at=len(places), to_process=sent_to == "process", wait=wait)
+        with sigint_raises():
+            call.interrupt_once_started()
+            sys.settrace(second.trace)
+            try:
+                with pytest.raises(KeyboardInterrupt):
+                    run(call.call())
+            finally:
+                sys.settrace(None)
+        where = second.where or "none (the first alone)"
+        assert call.cancelled.wait(30), f"the call went on after a second Ctrl-C in {where}; before, in {places}"
+        assert _loop_answers(), f"the model loop stopped answering after a second Ctrl-C in {where}"
+        if not second.sent or len(places) == 100:
+            break
+        places.append(second.where)
+
+
+def _loop_answers() -> bool:
+    async def answer() -> int:
+        return 42
+
+    try:
+        return wait_on_loop(answer(), timeout=5) == 42
+    except TimeoutError:
+        return False
 
 
 def _loop_threads(loop: asyncio.AbstractEventLoop) -> str:
