@@ -1,7 +1,8 @@
 """Calling a python tool in a child interpreter of its own, for every disposition.
 
-For runSync and runAsync the child is forked by the worker process's fork server (forkserver.py),
-which was started with the allow-listed environment and has imported what calling needs; the
+For runSync and runAsync the child is forked by the worker process's fork server of the tool's
+module (forkserver.py), which was started with the allow-listed environment and the tool's own
+variables and has imported what calling needs, the module and its argument models included; the
 child takes the call's environment (tools/command.py `tool_environment`) and working directory
 from its request, leads its own process group and is killed at the timeout, as a command tool is.
 runIsolated starts `python -I -B -c CHILD_BOOTSTRAP` in the sandbox (so does a worker process

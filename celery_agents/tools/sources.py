@@ -23,7 +23,7 @@ from celery_agents.model import CallMeta, CallOutcome
 from celery_agents.model.agent import Limits, ToolKind
 from celery_agents.tools.call import Host, ToolRun, ToolSource, confined
 from celery_agents.tools.command import outcome_of, resolve_argv, tool_environment
-from celery_agents.tools.forkserver import fork_server
+from celery_agents.tools.forkserver import fork_server, warm_server
 from celery_agents.tools.mcp.calls import McpSource
 from celery_agents.tools.output import cut, split_media
 from celery_agents.tools.process import ProcessResult, run_process, supervise
@@ -117,7 +117,8 @@ class PythonSource:
         paths = [*python_paths(), *([base_dir] if base_dir else [])]
         if not host.isolated:
             env = tool_environment(run.variables(), run.tool.env, host.tool_env)
-            return _child_outcome(_in_a_child(run, spec, paths, env), run, None)
+            warm = tool_environment({}, run.tool.env, host.tool_env)
+            return _child_outcome(_in_a_child(run, spec, paths, env, warm), run, None)
         sandboxed = host.sandbox.run(
             [sys.executable, "-I", "-B", "-c", CHILD_BOOTSTRAP],
             child_request(spec, run.arguments, paths, run.output_cap),
@@ -131,12 +132,21 @@ class PythonSource:
         return confined(_child_outcome(sandboxed.process, run, run.limits), sandboxed)
 
 
-def _in_a_child(run: ToolRun, spec: str, paths: list[str], env: dict[str, str]) -> ProcessResult:
-    """A runSync/runAsync call in a child forked by this process's fork server, with the call's
-    environment and working directory; in a fresh interpreter when no fork server can start."""
+def _in_a_child(
+    run: ToolRun, spec: str, paths: list[str], env: dict[str, str], server_env: dict[str, str]
+) -> ProcessResult:
+    """A runSync/runAsync call in a child forked by this process's fork server for the tool's
+    module (started with `server_env`: the allow-list and the tool's own variables), with the
+    call's environment and working directory; forked by the server that imports no tool module
+    when that one cannot, in a fresh interpreter when neither can."""
     started = time.monotonic()
+    module, _, function = spec.partition(":")
     try:
-        forked = fork_server().start(python_paths(), tool_environment({}, ()))
+        try:
+            forked = warm_server(module, paths, server_env).start(paths, server_env, function)
+        except OSError as exc:
+            log.warning("a fork server for %s cannot start (%s): calls are forked without it", module[:200], exc)
+            forked = fork_server().start(python_paths(), tool_environment({}, ()))
     except OSError as exc:
         log.warning("python tools run in fresh interpreters: the fork server cannot start (%s)", exc)
         request = child_request(spec, run.arguments, paths, run.output_cap)
