@@ -22,8 +22,8 @@ from typing import Any
 from celery_agents.model import CallMeta, CallOutcome
 from celery_agents.model.agent import Limits, ToolKind
 from celery_agents.tools.call import Host, ToolRun, ToolSource, confined
-from celery_agents.tools.command import outcome_of, resolve_argv, tool_environment
-from celery_agents.tools.forkserver import fork_server, warm_server
+from celery_agents.tools.command import TOOL_ENV, outcome_of, resolve_argv, tool_environment
+from celery_agents.tools.forkserver import fork_call
 from celery_agents.tools.mcp.calls import McpSource
 from celery_agents.tools.output import cut, split_media
 from celery_agents.tools.process import ProcessResult, run_process, supervise
@@ -117,8 +117,8 @@ class PythonSource:
         paths = [*python_paths(), *([base_dir] if base_dir else [])]
         if not host.isolated:
             env = tool_environment(run.variables(), run.tool.env, host.tool_env)
-            warm = tool_environment({}, run.tool.env, host.tool_env)
-            return _child_outcome(_in_a_child(run, spec, paths, env, warm), run, None)
+            own = {k: v for k, v in tool_environment({}, run.tool.env, host.tool_env).items() if k not in TOOL_ENV}
+            return _child_outcome(_in_a_child(run, spec, paths, env, own), run, None)
         sandboxed = host.sandbox.run(
             [sys.executable, "-I", "-B", "-c", CHILD_BOOTSTRAP],
             child_request(spec, run.arguments, paths, run.output_cap),
@@ -133,20 +133,14 @@ class PythonSource:
 
 
 def _in_a_child(
-    run: ToolRun, spec: str, paths: list[str], env: dict[str, str], server_env: dict[str, str]
+    run: ToolRun, spec: str, paths: list[str], env: dict[str, str], tool_env: dict[str, str]
 ) -> ProcessResult:
-    """A runSync/runAsync call in a child forked by this process's fork server for the tool's
-    module (started with `server_env`: the allow-list and the tool's own variables), with the
-    call's environment and working directory; forked by the server that imports no tool module
-    when that one cannot, in a fresh interpreter when neither can."""
+    """A runSync/runAsync call in a child forked by this process's fork server of the tool's
+    module (which has the tool's own variables `tool_env`) or its plain one, with the call's
+    environment and working directory; in a fresh interpreter when no fork server can start."""
     started = time.monotonic()
-    module, _, function = spec.partition(":")
     try:
-        try:
-            forked = warm_server(module, paths, server_env).start(paths, server_env, function)
-        except OSError as exc:
-            log.warning("a fork server for %s cannot start (%s): calls are forked without it", module[:200], exc)
-            forked = fork_server().start(python_paths(), tool_environment({}, ()))
+        forked = fork_call(spec, paths, tool_env, run.folder, run.timeout)
     except OSError as exc:
         log.warning("python tools run in fresh interpreters: the fork server cannot start (%s)", exc)
         request = child_request(spec, run.arguments, paths, run.output_cap)

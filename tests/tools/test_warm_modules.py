@@ -11,14 +11,23 @@ import textwrap
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from celery_agents.tools import ToolRunner
-from celery_agents.tools.forkserver import warm_servers
-from tests.tools.conftest import make_agent, run_tool
+from celery_agents.tools.forkserver import retire_warm_servers, warm_servers
+from tests.tools.conftest import alive_with, make_agent, run_tool
+
+
+@pytest.fixture(autouse=True)
+def no_warm_servers() -> Iterator[None]:
+    """Each test starts with no warm server in this process, and leaves none."""
+    retire_warm_servers()
+    yield
+    retire_warm_servers()
 
 
 def tool_module(folder: Path, body: str) -> str:
@@ -38,6 +47,14 @@ def write(path: Path, text: str) -> None:
     path.write_text(text)
     later = max(before + 1_000_000_000, path.stat().st_mtime_ns)
     os.utime(path, ns=(later, later))
+
+
+def running(pid: int) -> bool:
+    """The process exists and has not exited (a zombie waiting to be reaped has)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def imports(folder: Path) -> list[int]:
@@ -153,25 +170,25 @@ def test_a_module_imported_by_its_server_sees_its_tools_variables_and_no_worker_
     assert at_call.get("GITHUB_TOKEN") == "ghp-named" and "AGENTS_CALL_ID" in at_call
     for seen in (at_import, at_call):
         assert "OPENAI_API_KEY" not in seen and not any(k.startswith("AGENTS_REDIS") for k in seen), seen
-    for server in warm_servers():
-        if server.module == name and server.pid:
-            environ = Path(f"/proc/{server.pid}/environ").read_bytes()
-            assert b"sk-worker-secret" not in environ and b"AGENTS_" not in environ
+    servers = [s.pid for s in warm_servers() if s.module == name and s.pid]
+    assert servers, "served warm"
+    environ = Path(f"/proc/{servers[0]}/environ").read_bytes()
+    assert b"sk-worker-secret" not in environ and b"AGENTS_" not in environ
+    assert b"ghp-named" not in environ, "the tool's own variable is handed over after the server hid itself"
 
 
-def test_calls_in_flight_finish_when_their_server_is_retired(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Past the number of warm servers a process keeps, the least recently used is retired: the
-    calls it forked still finish with their answers."""
-    monkeypatch.setattr("celery_agents.tools.forkserver.WARM_SERVERS", 1)
+def test_calls_in_flight_finish_when_their_server_is_retired(tmp_path: Path) -> None:
+    """An edit retires the module's server for a new one: the calls the old one forked still
+    finish with their answers."""
     gate, started = tmp_path / "gate", tmp_path / "started"
-    slow = tool_module(
+    name = tool_module(
         tmp_path,
         f"import time\ndef wait() -> str:\n    open({str(started)!r}, 'w').close()\n"
-        f"    while not os.path.exists({str(gate)!r}):\n        time.sleep(0.02)\n    return 'waited'\n",
+        f"    while not os.path.exists({str(gate)!r}):\n        time.sleep(0.02)\n    return 'waited'\n"
+        "def version() -> int:\n    return 1\n",
     )
-    quick = tool_module(tmp_path, "def quick() -> str:\n    return 'quick'\n")
     agent = make_agent(
-        [{"name": "wait", "python": f"{slow}:wait"}, {"name": "quick", "python": f"{quick}:quick"}],
+        [{"name": "wait", "python": f"{name}:wait"}, {"name": "version", "python": f"{name}:version"}],
         base_dir=str(tmp_path),
     )
     runner = ToolRunner()
@@ -182,11 +199,35 @@ def test_calls_in_flight_finish_when_their_server_is_retired(tmp_path: Path, mon
     while not started.exists() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert started.exists(), "the slow call started"
-    assert [run_tool(runner, agent, "quick").result for _ in range(3)] == ["quick"] * 3
-    assert [s.module for s in warm_servers()] == [quick], "one warm server kept"
+    old = [s.pid for s in warm_servers() if s.module == name]
+    source = tmp_path / f"{name}.py"
+    write(source, source.read_text().replace("return 1", "return 2"))
+    assert run_tool(runner, agent, "version").result == 2
+    new = [s.pid for s in warm_servers() if s.module == name]
+    assert len(old) == len(new) == 1 and old != new, "a new server for the edited module"
     gate.write_text("open")
     caller.join(30)
     assert waited and waited[0].state == "completed" and waited[0].result == "waited", waited
+    deadline = time.monotonic() + 10
+    while old[0] is not None and running(old[0]) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert old[0] is not None and not running(old[0]), "the retired server left once its call ended"
+
+
+def test_past_the_warm_servers_a_process_keeps_modules_are_imported_by_each_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("celery_agents.tools.forkserver.WARM_SERVERS", 1)
+    first = tool_module(tmp_path, "def one() -> int:\n    return 1\n")
+    second = tool_module(tmp_path, "def two() -> int:\n    return 2\n")
+    agent = make_agent(
+        [{"name": "one", "python": f"{first}:one"}, {"name": "two", "python": f"{second}:two"}],
+        base_dir=str(tmp_path),
+    )
+    runner = ToolRunner()
+    assert [run_tool(runner, agent, t).result for t in ("one", "two", "one", "two")] == [1, 2, 1, 2]
+    assert [s.module for s in warm_servers()] == [first]
+    assert len(imports(tmp_path)) == 3, "the first module imported once, the second by each of its calls"
 
 
 def test_a_module_that_starts_a_thread_on_import_is_not_forked_from(tmp_path: Path) -> None:
@@ -204,9 +245,110 @@ def test_a_module_that_starts_a_thread_on_import_is_not_forked_from(tmp_path: Pa
     agent = make_agent([{"name": "ping", "python": f"{name}:ping"}], base_dir=str(tmp_path))
     runner = ToolRunner()
     assert [run_tool(runner, agent, "ping").result for _ in range(3)] == ["pong"] * 3
-    servers = [s for s in warm_servers() if s.module == name]
-    assert len(servers) == 1 and servers[0].pid
-    assert len(imports(tmp_path)) == 4, "imported once by its server, then by each call"
-    assert servers[0].pid not in imports(tmp_path)[1:], "no call was forked with the module imported"
-    threads = os.listdir(f"/proc/{servers[0].pid}/task")
-    assert len(threads) == 1, "the server runs no thread the tool started"
+    assert not [s for s in warm_servers() if s.module == name], "no warm server kept for it"
+    assert len(imports(tmp_path)) == 4, "imported once by a server that then left, then by each call"
+    assert not alive_with(name), "the server that imported it is gone"
+
+
+def test_a_module_that_opens_a_connection_on_import_is_not_forked_from(tmp_path: Path) -> None:
+    """Every call forked from it would share the connection (one session's call reading another's
+    reply): such a module is imported by each call."""
+    name = tool_module(
+        tmp_path,
+        """
+        import socket
+        _a, _b = socket.socketpair()
+        def ping() -> str:
+            return 'pong'
+        """,
+    )
+    agent = make_agent([{"name": "ping", "python": f"{name}:ping"}], base_dir=str(tmp_path))
+    runner = ToolRunner()
+    assert [run_tool(runner, agent, "ping").result for _ in range(3)] == ["pong"] * 3
+    assert len(imports(tmp_path)) == 4 and not [s for s in warm_servers() if s.module == name]
+
+
+def test_a_module_whose_import_hangs_costs_its_call_its_timeout_not_a_process(tmp_path: Path) -> None:
+    name = tool_module(tmp_path, "import time\ntime.sleep(3600)\ndef ping() -> str:\n    return 'pong'\n")
+    agent = make_agent(  # parameters declared: loading the agent does not import the module for them
+        [{"name": "ping", "python": f"{name}:ping", "parameters": {"type": "object", "properties": {}}}],
+        rules=[{"tool": "ping", "disposition": {"tag": "runSync", "timeoutSeconds": 1}}],
+        executionMode="synchronous",
+        base_dir=str(tmp_path),
+    )
+    started = time.monotonic()
+    out = run_tool(ToolRunner(), agent, "ping")
+    assert out.state == "failed" and out.meta.timed_out, out
+    assert time.monotonic() - started < 10
+    deadline = time.monotonic() + 10
+    while alive_with(name) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive_with(name), "no process importing it is left"
+
+
+def test_an_edit_starts_a_new_server_for_modules_that_import_once_per_process(tmp_path: Path) -> None:
+    """Some extension modules (numpy's) refuse a second import in one process: an edited tool is
+    imported by a new server, never again in the old one."""
+    once = f"once_{uuid.uuid4().hex[:8]}"
+    write(
+        tmp_path / f"{once}.py",
+        f"import builtins\nif getattr(builtins, {once!r}, False):\n"
+        "    raise ImportError('cannot load module more than once per process')\n"
+        f"setattr(builtins, {once!r}, True)\n",
+    )
+    name = tool_module(tmp_path, f"import {once}\ndef version() -> int:\n    return 1\n")
+    agent = make_agent([{"name": "version", "python": f"{name}:version"}], base_dir=str(tmp_path))
+    runner = ToolRunner()
+    assert run_tool(runner, agent, "version").result == 1
+    source = tmp_path / f"{name}.py"
+    write(source, source.read_text().replace("return 1", "return 2"))
+    out = run_tool(runner, agent, "version")
+    assert out.state == "completed" and out.result == 2, out.error
+
+
+def test_a_module_is_imported_in_the_agent_folder_its_prints_kept_from_the_worker(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "prompt.txt").write_text("from the agent folder")
+    name = tool_module(
+        tmp_path,
+        "print('import-noise-out')\nimport sys\nprint('import-noise-err', file=sys.stderr)\n"
+        "PROMPT = open('prompt.txt').read()\ndef prompt() -> str:\n    return PROMPT\n",
+    )
+    no_parameters = {"type": "object", "properties": {}}  # loading the agent does not import it for them
+    agent = make_agent(
+        [{"name": "prompt", "python": f"{name}:prompt", "parameters": no_parameters}], base_dir=str(tmp_path)
+    )
+    runner = ToolRunner()
+    assert [run_tool(runner, agent, "prompt").result for _ in range(2)] == ["from the agent folder"] * 2
+    assert [s.module for s in warm_servers() if s.module == name] == [name]
+    seen = capfd.readouterr()
+    assert "import-noise" not in seen.out + seen.err, "the module's prints reached the worker's output"
+
+
+def test_a_signal_handler_set_at_import_runs_when_the_call_is_stopped(tmp_path: Path) -> None:
+    """A call past its timeout gets SIGTERM first: the handler its module set at import runs."""
+    stopped = tmp_path / "stopped"
+    name = tool_module(
+        tmp_path,
+        f"""
+        import signal, sys, time
+        def _stop(*_):
+            open({str(stopped)!r}, 'w').close()
+            sys.exit(1)
+        signal.signal(signal.SIGTERM, _stop)
+        def hang() -> str:
+            time.sleep(60)
+            return 'never'
+        """,
+    )
+    agent = make_agent(
+        [{"name": "hang", "python": f"{name}:hang"}],
+        rules=[{"tool": "hang", "disposition": {"tag": "runSync", "timeoutSeconds": 2}}],
+        executionMode="synchronous",
+        base_dir=str(tmp_path),
+    )
+    runner = ToolRunner()
+    assert run_tool(runner, agent, "hang").meta.timed_out
+    assert [s.module for s in warm_servers() if s.module == name] == [name], "served warm"
+    assert stopped.exists(), "the module's SIGTERM handler did not run"
