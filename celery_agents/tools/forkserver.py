@@ -2,16 +2,16 @@
 interpreter's start, nor the import of the tool's module at each call.
 
 A worker process keeps one **warm** server per tool module (and import path, environment and
-working directory), up to `WARM_SERVERS`; one unused for `IDLE_SECONDS` is retired, and a module
-that finds no room is served by the **plain** server, one per worker process, which imports no
+working directory), up to `WARM_SERVERS`; one unused for `IDLE_SECONDS` is retired at the next
+python call, and a module that finds no room is served by the **plain** server, one per worker process, which imports no
 tool module (each call's process imports it). Every server is a child interpreter started with the
 allow-listed environment only (`PATH`, `HOME`, `LANG`, `LC_ALL`, `TZ`: command.py `TOOL_ENV`),
 never the worker's; it makes itself unreadable to other processes of its uid (`protect_process`)
 before anything else. A warm server then receives the tool's own variables (`env`,
 `AGENTS_TOOL_ENV`) over its socket, imports the module in the agent file's folder, its output to
 /dev/null, and says whether it can be forked from, with the files the import brought in: not when
-the import failed, started a thread (a lock it held at the fork would stay held in the call's
-process) or left a file or connection open (every call would share it); then the module is served
+the import failed, started a Python thread (a lock it held at the fork would stay held in the
+call's process) or left a file or connection open (every call would share it); then the module is served
 by the plain server for `COLD_SECONDS`, or until one of those files changes. A warm server also
 builds the argument model of each function called, once (tools/signature.py `signature_model`).
 
@@ -25,16 +25,18 @@ would (python_call.py `child_main`).
 
 One module per warm server: a module's import-time code runs in the process its own calls are
 forked from, never in another tool's. A server never imports a module twice: before each call the
-worker looks at the files the module's import brought in (the standard library's aside), and when
-one changed it retires that server and starts another, so an edited tool is what runs. Per-call
-variables (`AGENTS_SESSION_ID`, `AGENTS_CALL_ID`, ...) are the call's, not the import's: a module
-reads them inside its function; state made at import (a `random.Random()`, a cache) starts equal in
-every call.
+worker looks at the files of the modules its import brought in (not those of the standard library
+or of installed packages: an upgrade takes a worker's restart), and when one changed it retires
+that server and starts another, so an edited tool is what runs. Per-call variables
+(`AGENTS_SESSION_ID`, `AGENTS_CALL_ID`, ...) are the call's, not the import's: a module reads them
+inside its function; state made at import (a `random.Random()`, a cache) starts equal in every
+call.
 
 The worker supervises a forked call as any child process (process.py): output read with a cap, the
 process group killed at the timeout. A server leaves when the worker closes its end of the socket
 (the worker process ended, or the server was retired) once the calls it forked have ended. A warm
-server not ready within the call's timeout (its import hangs) is killed. A worker process that
+server not ready within the call's timeout (its import hangs) is killed. A call's process holds
+only its own pipes, none of the server's other calls. A worker process that
 cannot start a server runs each call in a fresh interpreter instead.
 """
 
@@ -72,12 +74,12 @@ IDLE_SECONDS = 600.0
 #: a module whose server could not be forked from is served by the plain server this long (or
 #: until one of its files changes)
 COLD_SECONDS = 120.0
-#: the longest a warm server's import may take (a call's own timeout bounds it further)
-READY_SECONDS = 120.0
 #: the longest function name a call's message carries (a longer one is not made ready ahead)
 _NAME_BYTES = 512
 #: the largest message a warm server's socket carries (the tool's variables, its files)
 _MESSAGE_BYTES = 1 << 20
+#: past every descriptor a call's process may have inherited (closed in it from 3 up)
+_MAX_FD = 1 << 16
 #: signals whose handlers a module may set at import, kept in its calls' processes
 _KEPT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -92,6 +94,7 @@ def serve(fd: int, module: str = "") -> None:
     protect_process()  # a tool (same uid) cannot trace the process every later call is forked from
     from celery_agents.tools import python_call  # noqa: F401 - imported once, here: the children fork with it
 
+    os.set_inheritable(fd, False)  # nothing the module starts gets the worker's socket
     sock = socket.socket(fileno=fd)
     handlers: dict[int, object] = {}
     if module:
@@ -131,8 +134,10 @@ def serve(fd: int, module: str = "") -> None:
                     os.close(extra)
 
 
-#: where the standard library is: its modules are not watched for edits
-_STDLIB = tuple({sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib")})
+#: where the standard library and installed packages are: their modules are not watched for edits
+_INSTALLED = tuple({sysconfig.get_path(name) for name in ("stdlib", "platstdlib", "purelib", "platlib")} - {None, ""})
+#: the most files of a module's import watched for edits
+_WATCHED_FILES = 500
 
 
 def _stamp(path: str) -> list[int] | None:
@@ -143,12 +148,16 @@ def _stamp(path: str) -> list[int] | None:
     return [st.st_mtime_ns, st.st_size]
 
 
+def _installed(path: str) -> bool:
+    """Part of the standard library or of an installed package (`site-packages`, `dist-packages`)."""
+    return path.startswith(_INSTALLED) or "/site-packages/" in path or "/dist-packages/" in path
+
+
 def _threads() -> int:
-    """The threads of this process, native ones included."""
-    try:
-        return len(os.listdir("/proc/self/task"))
-    except OSError:
-        return threading.active_count()
+    """The Python threads of this process. Native ones are not counted: the thread pools of
+    numerical libraries (OpenBLAS, MKL) are made safe to fork by the libraries themselves, and
+    forking with them is what `multiprocessing` does by default on Linux."""
+    return threading.active_count()
 
 
 def _open_fds() -> set[int]:
@@ -176,7 +185,7 @@ def _warm_up(sock: socket.socket, module: str) -> dict[int, object] | None:
     files: dict[str, list[int] | None] = {}
     for name in set(sys.modules) - before_modules:
         path = getattr(sys.modules.get(name), "__file__", None)
-        if isinstance(path, str) and not path.startswith(_STDLIB):
+        if isinstance(path, str) and not _installed(path) and len(files) < _WATCHED_FILES:
             files[path] = _stamp(path)
     with contextlib.suppress(Exception):  # the module's own file, when its import failed
         spec = importlib.util.find_spec(module)
@@ -186,7 +195,10 @@ def _warm_up(sock: socket.socket, module: str) -> dict[int, object] | None:
         why = "its import started a thread"
     if not why and _open_fds() - before_fds - {sock.fileno()}:
         why = "its import left a file or connection open"
-    sock.send(json.dumps({"warm": not why, "why": why, "files": files}).encode())
+    try:
+        sock.send(json.dumps({"warm": not why, "why": why, "files": files}).encode())
+    except OSError:
+        return None
     if why:
         return None
     after = {sig: signal.getsignal(sig) for sig in _KEPT_SIGNALS}
@@ -249,6 +261,9 @@ def _child(stdin: int, stdout: int, stderr: int, close: tuple[int, ...], handler
     for fd in (stdin, stdout, stderr, *close):
         with contextlib.suppress(OSError):
             os.close(fd)
+    # Nor the status pipes of the server's other calls: a call that wrote to one would end that
+    # call in its worker's eyes (and have its process group killed).
+    os.closerange(3, _MAX_FD)
     sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115 - fd 0 outlives it
     sys.stdout = open(1, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
     sys.stderr = open(2, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
@@ -343,6 +358,10 @@ def _exists(pid: int) -> bool:
     return True
 
 
+class Retired(OSError):
+    """The server was retired (its module edited, or unused) while a call was being handed to it."""
+
+
 class NotWarm(OSError):
     """A warm server that cannot be forked from (`why`); `files`: what its module's import read."""
 
@@ -379,7 +398,7 @@ class ForkServer:
 
     def _server(self, path: list[str], env: dict[str, str], ready_within: float) -> socket.socket:
         if self._closed:
-            raise OSError("the fork server was retired")
+            raise Retired("the fork server was retired")
         if self._sock is not None and self._pid == os.getpid() and self._proc and self._proc.poll() is None:
             return self._sock
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -399,7 +418,7 @@ class ForkServer:
             theirs.close()
         if self.module:
             try:
-                self.files = self._warm_up(mine, proc, ready_within)
+                self.files = self._warm_up(mine, ready_within)
             except BaseException:
                 mine.close()
                 _kill_group(proc)
@@ -407,29 +426,23 @@ class ForkServer:
         self._proc, self._sock, self._pid = proc, mine, os.getpid()
         return mine
 
-    def _warm_up(
-        self, sock: socket.socket, proc: subprocess.Popen[bytes], ready_within: float
-    ) -> dict[str, list[int] | None]:
+    def _warm_up(self, sock: socket.socket, ready_within: float) -> dict[str, list[int] | None]:
         """Hand a new warm server the tool's variables and wait, at most `ready_within` seconds,
         for its word on its module; the files the import read. `NotWarm` when it cannot be forked
         from, or did not answer in time."""
         sock.sendall(b"env " + json.dumps(self.tool_env).encode())
-        sock.settimeout(max(0.1, min(ready_within, READY_SECONDS)))
+        sock.settimeout(max(0.1, ready_within))
         try:
             said = sock.recv(_MESSAGE_BYTES)
         except TimeoutError:
-            raise NotWarm(f"importing {self.module[:200]} took over {min(ready_within, READY_SECONDS):g} s") from None
+            raise NotWarm(f"importing it took over {ready_within:g} s, the call's timeout") from None
         finally:
             with contextlib.suppress(OSError):
                 sock.settimeout(None)
         try:
             word = json.loads(said)
         except ValueError:
-            word = {
-                "warm": False,
-                "why": f"its server ended while importing it (exit status {proc.poll()})",
-                "files": {},
-            }
+            word = {"warm": False, "why": "its server ended while importing it", "files": {}}
         files = word.get("files") or {}
         if not word.get("warm"):
             raise NotWarm(str(word.get("why") or "it cannot be forked from"), files)
@@ -449,7 +462,7 @@ class ForkServer:
                 self.used = time.monotonic()
                 try:
                     socket.send_fds(self._server(path, env, ready_within), [message], theirs)
-                except NotWarm:
+                except (NotWarm, Retired):
                     raise
                 except OSError:  # a server that died: one more try with a fresh one
                     self._sock = None
@@ -499,6 +512,10 @@ class _Pool:
         retired: list[ForkServer] = []
         try:
             with self.lock:
+                now = time.monotonic()
+                for k, idle in list(self.warm.items()):
+                    if now - idle.used > IDLE_SECONDS:
+                        retired.append(self.warm.pop(k))
                 cold = self.cold.get(key)
                 if cold is not None:
                     until, files = cold
@@ -511,11 +528,8 @@ class _Pool:
                     server = None
                 if server is not None:
                     self.warm.move_to_end(key)
+                    server.used = now
                     return server
-                now = time.monotonic()
-                for k, idle in list(self.warm.items()):
-                    if now - idle.used > IDLE_SECONDS:
-                        retired.append(self.warm.pop(k))
                 if len(self.warm) >= max(0, WARM_SERVERS):
                     return None
                 server = self.warm[key] = ForkServer(key[0], key[3] or None, tool_env)
@@ -527,9 +541,9 @@ class _Pool:
     def chill(self, key: _Key, server: ForkServer, files: dict[str, list[int] | None]) -> None:
         """`server` could not be forked from: its module goes to the plain server for a while."""
         with self.lock:
-            if self.warm.get(key) is server:
+            if self.warm.get(key) is server:  # not when already replaced by a newer one
                 del self.warm[key]
-            self.cold[key] = (time.monotonic() + COLD_SECONDS, files)
+                self.cold[key] = (time.monotonic() + COLD_SECONDS, files)
         server.close()
 
 
@@ -562,16 +576,21 @@ def fork_call(spec: str, path: list[str], tool_env: dict[str, str], cwd: str | N
     module, _, function = spec.partition(":")
     base = tool_environment({}, ())
     key: _Key = (module, tuple(path), tuple(sorted(tool_env.items())), cwd or "")
-    server = _pool.server(key, tool_env)
-    if server is not None:
+    for _ in range(3):  # a server retired by another thread meanwhile: its successor's
+        server = _pool.server(key, tool_env)
+        if server is None:
+            break
         try:
             return server.start(path, base, function, ready_within)
+        except Retired:
+            continue
         except NotWarm as exc:
             log.info("python tool module %s is imported by each call: %s", module[:200], exc.why)
             _pool.chill(key, server, exc.files)
         except OSError as exc:
             log.warning("a fork server for %s cannot start (%s): its calls are forked without it", module[:200], exc)
             _pool.chill(key, server, {})
+        break
     return fork_server().start(python_paths(), base)
 
 

@@ -352,3 +352,46 @@ def test_a_signal_handler_set_at_import_runs_when_the_call_is_stopped(tmp_path: 
     assert run_tool(runner, agent, "hang").meta.timed_out
     assert [s.module for s in warm_servers() if s.module == name] == [name], "served warm"
     assert stopped.exists(), "the module's SIGTERM handler did not run"
+
+
+def test_a_call_cannot_end_another_call_in_flight(tmp_path: Path) -> None:
+    """A call's process holds only its own pipes: one that writes an exit status to every
+    descriptor it can cannot make the worker take another call of the same server for ended."""
+    gate, started = tmp_path / "gate", tmp_path / "started"
+    name = tool_module(
+        tmp_path,
+        f"""
+        import time
+        def wait() -> str:
+            open({str(started)!r}, 'w').close()
+            while not os.path.exists({str(gate)!r}):
+                time.sleep(0.02)
+            return 'waited'
+        def forge() -> list:
+            hit = []
+            for fd in range(4, 256):  # 3: its own answer's (python_call.py child_main)
+                try:
+                    os.write(fd, b"0\\n")
+                    hit.append(fd)
+                except OSError:
+                    pass
+            return hit
+        """,
+    )
+    agent = make_agent(
+        [{"name": "wait", "python": f"{name}:wait"}, {"name": "forge", "python": f"{name}:forge"}],
+        base_dir=str(tmp_path),
+    )
+    runner = ToolRunner()
+    waited: list[Any] = []
+    caller = threading.Thread(target=lambda: waited.append(run_tool(runner, agent, "wait")))
+    caller.start()
+    deadline = time.monotonic() + 30
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert started.exists(), "the waiting call started"
+    forged = run_tool(runner, agent, "forge")
+    assert forged.state == "completed" and forged.result == [], forged
+    gate.write_text("open")
+    caller.join(30)
+    assert waited and waited[0].state == "completed" and waited[0].result == "waited", waited
