@@ -106,8 +106,10 @@ from celery_agents.store.codec import STORED_TURN
 models = (AgentSpec, Disposition, LlmTurn, SessionHeader, SessionView, UserTurn)
 built = [m.__name__ for m in models if m.__pydantic_complete__]
 built += ["STORED_TURN"] if STORED_TURN.pydantic_complete else []
+from celery_agents.store.scripts import script_source
+scripts = script_source.cache_info().currsize
 sys.stdout.flush()
-sys.stderr.write(json.dumps({"code": code, "modules": sorted(sys.modules), "built": built}) + "\\n")
+sys.stderr.write(json.dumps({"code": code, "modules": sorted(sys.modules), "built": built, "scripts": scripts}) + "\\n")
 """
 
 
@@ -129,6 +131,7 @@ def test_pending_json_imports_only_what_listing_calls_needs(
     leaked += [m for m in report["modules"] if m in PENDING_NEVER_IMPORTS]
     assert not leaked, f"`agents session pending --json` imported {leaked[:8]}"
     assert report["built"] == [], f"`agents session pending --json` built schemas it never uses: {report['built']}"
+    assert report["scripts"] == 0, f"`agents session pending --json` made {report['scripts']} Lua scripts it never runs"
 
 
 @pytest.mark.usefixtures("cli_worker")
