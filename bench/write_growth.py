@@ -21,6 +21,7 @@ from celery_agents.model import AgentSpec, CallOutcome, LlmTurn, ToolCall, Track
 from celery_agents.runtime import run_step
 from celery_agents.scheduler import LlmRequest
 from celery_agents.store import Store, client_for_url
+from celery_agents.store.scripts import script_source
 from celery_agents.tools.resolve import parse_agent
 
 AGENT: dict[str, Any] = {
@@ -66,7 +67,7 @@ def _info_bytes(store: Store) -> int:
 def measure(redis_url: str, prefix: str, steps: int = 200) -> dict[str, Any]:
     """Drive one session `steps` steps (then its final answer); bytes of each commit."""
     store = Store(client_for_url(redis_url), Settings(redis_url=redis_url, prefix=prefix))
-    store.client.script_load(store.scripts._scripts["commit_step"].script)  # no measured commit loads it
+    store.client.script_load(script_source("commit_step"))  # no measured commit loads it
     agent = parse_agent(AGENT)
     sid = store.create_session(agent, UserQuery(text="What is the weather in Paris?")).session_id
     info_self = min(-_info_bytes(store) + _info_bytes(store) for _ in range(5))

@@ -143,7 +143,9 @@ def main() -> int:
         store.client.delete(*redis_lists(store.keys.celery_prefix, "steps"))
 
         trips = RoundTrips(store.client)
-        trips.script_names = {s.sha: name for name, s in store.scripts._scripts.items()}
+        from celery_agents.store.scripts import script_names
+
+        trips.script_names = {store.scripts.sha(name): name for name in script_names()}
         sids = sessions(50)
         trips.counts.clear()
         timed_steps(litellm_port, sids)
