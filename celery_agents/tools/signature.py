@@ -7,13 +7,14 @@ wrong type becomes a message the model can act on instead of an exception inside
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import logging
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import lru_cache
 from typing import Any
 
@@ -27,6 +28,7 @@ class BadArguments(Exception):
 
 
 _path_lock = threading.Lock()
+_stdout_lock = threading.Lock()
 
 
 def load_function(spec: str, folder: str | None = None) -> Callable[..., Any]:
@@ -96,15 +98,41 @@ def schema_of(func: Callable[..., Any]) -> dict[str, Any]:
 
 def describe_function(spec: str, folder: str | None = None) -> tuple[dict[str, Any], str] | None:
     """(schema, first paragraph of the docstring) of a python tool; None when it cannot be loaded
-    here (the agent keeps an empty schema and the worker binds by signature at run time)."""
+    here (the agent keeps an empty schema and the worker binds by signature at run time). What
+    its module prints as it is imported goes to stderr: stdout is the command's output."""
     try:
-        func = load_function(spec, folder)
+        with _stdout_to_stderr():
+            func = load_function(spec, folder)
         schema = schema_of(func)
     except Exception as exc:  # an unimportable or unusual function must not refuse the file
         log.warning("python tool %s: no schema derived from its signature (%s); declare parameters", spec, exc)
         return None
     doc = inspect.getdoc(func) or ""
     return schema, doc.split("\n\n", 1)[0].strip()
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """File descriptor 1 (and `sys.stdout`, flushed) goes to stderr meanwhile, so that a module's
+    `print` or `os.write(1, …)` at import cannot slip into a `--json` document."""
+    with _stdout_lock:  # one at a time: the descriptor is the process's
+        saved = None
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # else no stdout to protect
+            sys.stdout.flush()
+            saved = os.dup(1)
+            try:
+                os.dup2(2, 1)
+            except OSError:
+                os.close(saved)
+                saved = None
+        try:
+            yield
+        finally:
+            if saved is not None:
+                with contextlib.suppress(OSError, ValueError, AttributeError):
+                    sys.stdout.flush()
+                os.dup2(saved, 1)
+                os.close(saved)
 
 
 def bind_arguments(func: Callable[..., Any], arguments: dict[str, Any]) -> dict[str, Any]:

@@ -144,3 +144,20 @@ def test_control_sequences_from_a_tool_a_model_or_a_completer_are_written_out(
     logs = agents("session", "logs", started["session_id"], env=qenv)
     assert_nothing_raw("logs", logs)
     assert "arrived by mallory\\x1b[2J\\x1b]0;owned" in logs.stdout, logs.stdout
+
+
+def test_a_tool_module_printing_on_import_leaves_stdout_one_json_document(qenv: dict[str, str], tmp_path: Path) -> None:
+    """Loading an agent file reads its python tools' signatures, importing their modules: what a
+    module prints then (through `print` or straight to fd 1) goes to stderr, not into the JSON."""
+    (tmp_path / "noisy_tools.py").write_text(
+        "import os\nprint('print at import')\nos.write(1, b'fd write at import\\n')\n"
+        "def greet(name: str) -> str:\n    '''Greet someone.'''\n    return 'hi ' + name\n"
+    )
+    agent = tmp_path / "agent.json"
+    agent.write_text(
+        json.dumps({"slug": "noisy", "model": "demo/echo", "tools": [{"name": "greet", "python": "noisy_tools:greet"}]})
+    )
+    run = agents("session", "start", "--agent-file", agent, "-p", "hi", "--json", env=qenv)
+    assert run.returncode == 0, run
+    assert run.doc["agent"] == "noisy"
+    assert "print at import" in run.stderr and "fd write at import" in run.stderr
