@@ -28,11 +28,15 @@ def state(store: Store, key: str) -> dict[str, str]:
 
 
 def test_calls_are_spaced_by_the_rate_after_a_seconds_burst_each_booked_its_own_start(any_store: Store) -> None:
-    any_store.set_limit("m", ModelLimit(rpm=120))  # one call per 500 ms, a second's worth (2) at once
-    first, second = admit(any_store, ["m"]), admit(any_store, ["m"])
-    assert first.admitted and second.admitted
-    waits = [admit(any_store, ["m"]) for _ in range(4)]
-    assert all(not w.admitted and w.reason == "rate" and w.key == "m" for w in waits)
+    for attempt in range(3):  # the six calls must come within 500 ms (Redis's clock); a stalled machine tries again
+        key = f"m{attempt}"
+        any_store.set_limit(key, ModelLimit(rpm=120))  # one call per 500 ms, a second's worth (2) at once
+        first, second = admit(any_store, [key]), admit(any_store, [key])
+        assert first.admitted and second.admitted
+        waits = [admit(any_store, [key]) for _ in range(4)]
+        if waits[-1].now - first.now < 0.45:
+            break
+    assert all(not w.admitted and w.reason == "rate" and w.key == key for w in waits), waits
     starts = [w.until - first.now for w in waits]
     # the third call conforms 500 ms after the first; each later one 500 ms after the one before
     assert starts == pytest.approx([0.5, 1.0, 1.5, 2.0], abs=0.01)
