@@ -13,10 +13,10 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from celery_agents.model import AgentSpec, CallOutcome
 from celery_agents.tools import ToolRunner
 from celery_agents.tools.forkserver import retire_warm_servers, warm_servers
 from tests.tools.conftest import alive_with, make_agent, run_tool
@@ -47,6 +47,21 @@ def write(path: Path, text: str) -> None:
     path.write_text(text)
     later = max(before + 1_000_000_000, path.stat().st_mtime_ns)
     os.utime(path, ns=(later, later))
+
+
+def call_in_flight(
+    runner: ToolRunner, agent: AgentSpec, tool: str, started: Path
+) -> tuple[threading.Thread, list[CallOutcome]]:
+    """A call of `tool` on a thread, once its function has created the file `started`; the
+    thread and the list its outcome is put in."""
+    waited: list[CallOutcome] = []
+    caller = threading.Thread(target=lambda: waited.append(run_tool(runner, agent, tool)))
+    caller.start()
+    deadline = time.monotonic() + 30
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert started.exists(), f"the call of {tool} started"
+    return caller, waited
 
 
 def running(pid: int) -> bool:
@@ -192,13 +207,7 @@ def test_calls_in_flight_finish_when_their_server_is_retired(tmp_path: Path) -> 
         base_dir=str(tmp_path),
     )
     runner = ToolRunner()
-    waited: list[Any] = []
-    caller = threading.Thread(target=lambda: waited.append(run_tool(runner, agent, "wait")))
-    caller.start()
-    deadline = time.monotonic() + 30
-    while not started.exists() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert started.exists(), "the slow call started"
+    caller, waited = call_in_flight(runner, agent, "wait", started)
     old = [s.pid for s in warm_servers() if s.module == name]
     source = tmp_path / f"{name}.py"
     write(source, source.read_text().replace("return 1", "return 2"))
@@ -383,13 +392,7 @@ def test_a_call_cannot_end_another_call_in_flight(tmp_path: Path) -> None:
         base_dir=str(tmp_path),
     )
     runner = ToolRunner()
-    waited: list[Any] = []
-    caller = threading.Thread(target=lambda: waited.append(run_tool(runner, agent, "wait")))
-    caller.start()
-    deadline = time.monotonic() + 30
-    while not started.exists() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert started.exists(), "the waiting call started"
+    caller, waited = call_in_flight(runner, agent, "wait", started)
     forged = run_tool(runner, agent, "forge")
     assert forged.state == "completed" and forged.result == [], forged
     gate.write_text("open")
