@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from celery_agents.llm import LitellmPort, RetryPolicy
+from celery_agents.llm import loop as loop_module
 from celery_agents.llm.loop import allow_connections, model_loop, wait_on_loop
 from celery_agents.llm.stream import Relay, await_answer
 from celery_agents.scheduler import LlmRequest
@@ -204,8 +205,9 @@ def _loop_threads(loop: asyncio.AbstractEventLoop) -> str:
     message."""
     said = [f"the call's loop running: {loop.is_running()}, still the process's: {model_loop() is loop}"]
     frames = sys._current_frames()
+    said.append(f"waits given up and not yet cancelled: {loop_module._given_up.qsize()}")
     for thread in threading.enumerate():
-        if thread.name == "agents-model-loop" and thread.ident in frames:
+        if thread.name in ("agents-model-loop", "agents-model-cancel") and thread.ident in frames:
             said.append(f"{thread!r}:\n" + "".join(traceback.format_stack(frames[thread.ident])))
     return "\n".join(said)
 
