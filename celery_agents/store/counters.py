@@ -40,20 +40,39 @@ def counts_json(counts: Counts) -> str:
 
 
 def read_counters(client: redis.Redis, keys: Keys) -> dict[CounterKey, float]:
-    """Every counter of the fleet, read at once (counts are whole; the spend in USD is not)."""
+    """Every counter of the fleet, read at once (counts are whole; the spend in USD is not): the
+    hash, plus what its `tally` list holds (a step's commit adds its counts there in one command;
+    `_lib.lua` `add_counts`), both read in one transaction, since the write that fills the list
+    moves its entries to the hash. Each index shard counts the work of its sessions: the fleet's
+    count is their sum."""
     out: dict[CounterKey, float] = {}
-    if keys.shards == 1:
-        raws = [cast("dict[str, str]", client.hgetall(keys.counters))]
-    else:  # each index shard counts the work of its sessions: the fleet's count is their sum
-        pipe = client.pipeline(transaction=False)
-        for shard in keys.all_shards():
-            pipe.hgetall(shard.counters)
-        raws = pipe.execute()
-    for raw in raws:
+    for shard in keys.all_shards():
+        pipe = client.pipeline(transaction=True)
+        pipe.hgetall(shard.counters)
+        pipe.lrange(shard.tally, 0, -1)
+        raw, tally = cast("tuple[dict[str, str], list[str]]", tuple(pipe.execute()))
         for field, value in raw.items():
-            key = tuple(field.split(SEP))
-            out[key] = out.get(key, 0) + _number(value)
+            _add(out, field, _number(value))
+        for entry in tally:
+            for field, n in _tally_entry(entry):
+                _add(out, field, n)
     return out
+
+
+def _add(out: dict[CounterKey, float], field: str, n: float) -> None:
+    key = tuple(field.split(SEP))
+    out[key] = out.get(key, 0) + n
+
+
+def _tally_entry(entry: str) -> list[tuple[str, float]]:
+    """One entry of a `tally` list, `[[field, n], ...]`; one that is not (nobody but a script of
+    this store writes there) counts nothing."""
+    try:
+        pairs = json.loads(entry)
+        return [(str(f), float(n) if isinstance(n, float) else int(n)) for f, n in pairs]
+    except (ValueError, TypeError):
+        log.warning("ignored a malformed entry of the counters' tally: %.80r", entry)
+        return []
 
 
 def _number(text: str) -> float:

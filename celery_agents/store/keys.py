@@ -37,7 +37,7 @@ SESSION_KEY_NAMES = (
     "claims",
 )
 #: the shared keys a session script gets after the session's (then one index per stored state)
-SHARED_KEY_NAMES = ("pending_all", "deadlines", "owed", "dispatched", "counters")
+SHARED_KEY_NAMES = ("pending_all", "deadlines", "owed", "dispatched", "counters", "tally")
 #: the states a session is stored in, each with its index (`running` is only ever shown)
 STORED_STATES = tuple(s.value for s in State if s is not State.RUNNING)
 #: the states of a session that no longer runs: the ones `delete` and `purge` take
@@ -251,6 +251,12 @@ class Keys:
         """Hash: the fleet's counters, `<series>\\x1f<label>...` -> count (store/counters.py), each
         incremented by the script that records the work it counts; every `/metrics` reads it whole."""
         return f"{self.base}:counters"
+
+    @property
+    def tally(self) -> str:
+        """List: counts not yet added to `counters`, each `[[field, n], ...]` (JSON) of one script
+        that counted several (a step's commit); the write that fills it to 64 adds them there."""
+        return f"{self.base}:tally"
 
     @property
     def ids(self) -> str:

@@ -124,6 +124,7 @@ def snapshot(client: redis.Redis, prefix: str) -> dict[str, Any]:
         f"{prefix}:workers",
         f"{prefix}:lock:",
         f"{prefix}:counters",
+        f"{prefix}:tally",
         f"{prefix}:celery:",
         f"_kombu.binding.{prefix}:",
     )

@@ -134,6 +134,9 @@ def test_sessions_spread_over_the_shards_and_are_listed_from_all(
     assert agents("session", "show", ids[0][:10], "--json", env=cli).doc["session_id"] == ids[0], "id prefixes"
     for sid in ids:
         check_invariants(store, sid)
+    # The fleet's counters are read from every shard, what their short lists hold included.
+    counted = store.counters()
+    assert counted[("steps", "committed")] == sum(store.header(s).steps for s in listed), counted
     doctor = agents("doctor", "--json", env=cli).doc
     checks = {c["name"]: c for c in doctor["checks"]}
     assert checks["completions"]["severity"] == "ok", checks["completions"]

@@ -106,8 +106,39 @@ def test_a_one_step_session_begins_and_commits_in_few_commands(store: Store) -> 
     assert begin_commands <= 5
     # commit_step: EVALSHA, HMGET, GETDEL (lease), XADD (llm_called, completed, step_committed), RPUSH,
     # HSET (the header, with the session's spend), HSET (the version's entry), ZREM, ZADD (sessions,
-    # state), HINCRBY (the step's outcome), HINCRBY (the fleet's spend: the model call's tokens)
-    assert commit_commands <= 14
+    # state), RPUSH (the step's outcome and the fleet's spend: the model call's tokens)
+    assert commit_commands <= 13
+
+
+def test_a_step_adds_all_it_counted_to_the_fleet_s_counters_in_one_command(store: Store) -> None:
+    """The step's outcome, model calls, tokens by kind, inline tool calls and spend cost the commit
+    no more commands than its outcome alone: they go to the fleet's counters in one RPUSH to a short
+    list (folded into the hash by the 64th)."""
+    from celery_agents.store.commit import commit_record
+    from tests.store.scenario import begin
+
+    counted = {
+        ("model_calls", "m", "ok"): 1,
+        ("model_tokens", "m", "input"): 15,
+        ("model_tokens", "m", "output"): 12,
+        ("tool_calls", "lookup", "runSync", "completed"): 2,
+    }
+
+    def commit_commands(counts: dict[tuple[str, ...], int]) -> int:
+        sid = start(store)
+        loaded = begin(store, sid)
+        t = decide(store, loaded, llm=ScriptedLlm(llm_turn(text="Sunny.")))
+        record = commit_record(loaded.header, "w1", t, counts=counts)
+        keys = store.scripts.session_keys("commit_step", store.keys, sid, sid)
+        before = _commands(store)
+        reply = store.scripts.run("commit_step", keys, ["event", 1000, sid, *record.to_args(sid, 30_000)])
+        assert reply[0] == "ok"
+        return _commands(store) - before
+
+    commit_commands({})  # the script loaded before counting
+    assert [commit_commands(counted) for _ in range(3)] == [commit_commands({})] * 3
+    got = store.counters()
+    assert got[("model_tokens", "m", "input")] == 45 and got[("tool_calls", "lookup", "runSync", "completed")] == 6
 
 
 def test_step_started_has_redis_s_time_from_its_stream_id_and_the_step_stamps_with_it(store: Store) -> None:

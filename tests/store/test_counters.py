@@ -184,3 +184,42 @@ def test_nothing_is_counted_for_a_step_s_commit_retried_after_its_reply_was_lost
     # The model turn's tokens are the fleet's spend (`agents_spend_total{kind="tokens"}`), counted once too.
     tokens = t.spend.tokens
     assert counters(store) == {("steps", "committed"): 1, ("model_calls", "m", "ok"): 1, ("spend", "tokens"): tokens}
+
+
+def _commit_counted(store: Store, counts: dict[tuple[str, ...], int]) -> None:
+    from celery_agents.store.commit import commit_record
+    from tests.store.scenario import decide
+
+    sid = start(store)
+    loaded = begin(store, sid)
+    t = decide(store, loaded, llm=ScriptedLlm(llm_turn(text="Sunny.")))
+    record = commit_record(loaded.header, "w1", t, counts=counts)
+    keys = store.scripts.session_keys("commit_step", store.keys, sid, sid)
+    reply = store.scripts.run("commit_step", keys, ["event", 1000, sid, *record.to_args(sid, 30_000)])
+    assert reply[0] == "ok"
+
+
+def test_counts_added_in_one_command_stay_exact_as_the_writes_that_fill_their_list_fold_it(store: Store) -> None:
+    """A commit adds its several counts with one RPUSH to a short list, which the write that fills
+    it adds to the hash: every reader sees the sum of both, exact after as many folds as it takes."""
+    tally = store.keys.tally
+    lengths = []
+    for i in range(150):
+        _commit_counted(store, {("model_calls", "m", "ok"): 1, ("model_tokens", "m", "input"): i})
+        lengths.append(store.client.llen(tally))
+        if i in (10, 63, 64, 149):
+            got = counters(store)
+            assert got[("steps", "committed")] == i + 1
+            assert got[("model_calls", "m", "ok")] == i + 1
+            assert got[("model_tokens", "m", "input")] == sum(range(i + 1))
+    assert max(lengths) < 64, "the write that fills the list folds it"
+    assert lengths.count(0) == 2, lengths  # folded twice in 150 commits
+    held = store.client.hgetall(store.keys.counters)
+    assert int(held["steps\x1fcommitted"]) == 128, "two folds of 64 commits each are in the hash"
+
+
+def test_a_malformed_tally_entry_counts_nothing_and_breaks_no_reader(store: Store) -> None:
+    _commit_counted(store, {("model_calls", "m", "ok"): 2})
+    store.client.rpush(store.keys.tally, "not json", '[["steps\x1fcommitted", "x"]]')
+    got = counters(store)
+    assert got[("model_calls", "m", "ok")] == 2 and got[("steps", "committed")] == 1

@@ -107,7 +107,9 @@ def _calls_of(function: str, source: str) -> list[list[str]]:
 def test_every_series_a_script_counts_is_served_with_as_many_labels() -> None:
     from celery_agents.observe.metrics import FLEET_COUNTERS
 
-    counted = [args for source in [LIB, *SCRIPTS.values()] for args in _calls_of("count", source) if args != ["..."]]
+    sources = [LIB, *SCRIPTS.values()]
+    counted = [args for source in sources for args in _calls_of("count", source) if args != ["..."]]
+    counted += [args[1:] for source in sources for args in _calls_of("count_of", source) if args != ["n", "..."]]
     assert len(counted) > 10, "the pattern finds the scripts' counts"
     for args in counted:
         series = args[0].strip("'")

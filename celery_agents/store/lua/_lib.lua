@@ -180,14 +180,55 @@ local function create_token(key, t)
 end
 
 -- The fleet's counters (store/counters.py): one hash, a field per series and label values
--- (`<series>\31<label>...`), incremented by the script that records the work counted, in its write.
+-- (`<series>\31<label>...`), added to by the script that records the work counted, in its write.
 local function count(...)
   redis.call('HINCRBY', K.counters, table.concat({...}, '\31'), 1)
 end
 
--- What the caller counted while doing the work this script records: {{field, n}, ...}.
-local function add_counts(counts)
-  for _, c in ipairs(counts or {}) do redis.call('HINCRBY', K.counters, c[1], c[2]) end
+-- `n` of a series and label values, as `add_counts` takes it with others.
+local function count_of(n, ...)
+  return {table.concat({...}, '\31'), n}
+end
+
+-- Fields of the counters that are not whole numbers.
+local FLOAT_COUNTERS = {['spend\31cost'] = true}
+-- Add the `tally` list's entries to the counters hash and empty it (store/counters.py reads both).
+local function fold_tally()
+  local sums, order = {}, {}
+  for _, entry in ipairs(redis.call('LRANGE', K.tally, 0, -1)) do
+    for _, c in ipairs(cjson.decode(entry)) do
+      if not sums[c[1]] then order[#order + 1] = c[1]; sums[c[1]] = 0 end
+      sums[c[1]] = sums[c[1]] + (tonumber(c[2]) or 0)
+    end
+  end
+  redis.call('DEL', K.tally)
+  for _, f in ipairs(order) do
+    local n = sums[f]
+    if FLOAT_COUNTERS[f] or n ~= math.floor(n) then
+      redis.call('HINCRBYFLOAT', K.counters, f, string.format('%.17g', n))
+    elseif n ~= 0 then
+      redis.call('HINCRBY', K.counters, f, string.format('%.0f', n))
+    end
+  end
+end
+-- The entries `tally` holds before they are folded into the hash.
+local TALLY_FOLD = 64
+-- What the caller counted while doing the work this script records, {{field, n}, ...}, and
+-- `more` pairs of the same kind, in one command whatever their number: one HINCRBY, or one RPUSH
+-- to the `tally` list, folded into the hash by the write that fills it.
+local function add_counts(counts, more)
+  local all = {}
+  for _, c in ipairs(counts or {}) do
+    if tonumber(c[2]) ~= 0 then all[#all + 1] = c end
+  end
+  for _, c in ipairs(more or {}) do
+    if tonumber(c[2]) ~= 0 then all[#all + 1] = c end
+  end
+  if #all == 1 and not FLOAT_COUNTERS[all[1][1]] then
+    redis.call('HINCRBY', K.counters, all[1][1], all[1][2])
+  elseif #all > 0 then
+    if redis.call('RPUSH', K.tally, cjson.encode(all)) >= TALLY_FOLD then fold_tally() end
+  end
 end
 
 -- A session's spend: flat fields of its header (model/budget.py SPENT_FIELDS), in the order of

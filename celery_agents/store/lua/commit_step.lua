@@ -64,9 +64,16 @@ local function spend_above(spend, own)
   if #c.tokens > 0 then above = above + 1 end
   if own then add_spend(K.meta, spend) end
   for j = 1, c.n_above do add_spend(KEYS[above + j], spend) end
-  -- The fleet's spend (`agents_spend_total{kind}`): each step's own, counted once.
-  if tonumber(spend[1]) ~= 0 then redis.call('HINCRBY', K.counters, 'spend\31tokens', spend[1]) end
-  if tonumber(spend[2]) ~= 0 then redis.call('HINCRBYFLOAT', K.counters, 'spend\31cost', spend[2]) end
+end
+-- The step's counts with its outcome and, tokens and cost, its spend (`agents_spend_total{kind}`:
+-- each step's own, counted once), added to the fleet's counters in one command.
+local function add_step_counts(outcome, spend)
+  local more = {count_of(1, 'steps', outcome)}
+  if spend then
+    more[2] = count_of(tonumber(spend[1]) or 0, 'spend', 'tokens')
+    more[3] = count_of(tonumber(spend[2]) or 0, 'spend', 'cost')
+  end
+  add_counts(c.counts, more)
 end
 -- The step's claims on the budgets above it end with its commit (the keys after the headers above).
 local function drop_claims()
@@ -78,11 +85,9 @@ end
 -- journaled, and the step that commits in its place reuses and counts them).
 local function refused(reply, detail)
   drop_claims()
-  add_counts(c.counts)
-  count('steps', STEP_OUTCOMES[reply])
-  if c.spend and reply ~= 'missing' and tonumber(c.spend[3]) > 0 then
-    spend_above({c.spend[1], c.spend[2], c.spend[3], 0}, true)
-  end
+  local spent = c.spend and reply ~= 'missing' and tonumber(c.spend[3]) > 0
+  if spent then spend_above({c.spend[1], c.spend[2], c.spend[3], 0}, true) end
+  add_step_counts(STEP_OUTCOMES[reply], spent and c.spend)
   return {reply, detail}
 end
 -- One read of the header and one write of it: a step's commands do not grow with what it adds.
@@ -198,9 +203,8 @@ elseif m[7] then
   -- `owe` sets `owed_version` with the index entry, `unowe` removes both: without it, nothing to undo.
   unowe()
 end
-add_counts(c.counts)
-count('steps', 'committed')
 if c.spend then spend_above(c.spend, false) end
+add_step_counts('committed', c.spend)
 drop_claims()
 if owed == 0 and c.state == 'waiting' then compact_events() end
 return {'ok', version, owed}

@@ -8,6 +8,6 @@ if ARGV[7] ~= '1' then
   if not OWES_STEP[redis.call('HGET', K.meta, 'state')] then unowe() end
 end
 emit('step_noop', cjson.encode({request = ARGV[5], reason = ARGV[6]}))
-if (ARGV[8] or '') ~= '' then count('steps', ARGV[8]) end
-if (ARGV[9] or '') ~= '' then add_counts(cjson.decode(ARGV[9])) end
+add_counts((ARGV[9] or '') ~= '' and cjson.decode(ARGV[9]) or {},
+  (ARGV[8] or '') ~= '' and {count_of(1, 'steps', ARGV[8])} or {})
 return {'ok'}

@@ -10,6 +10,5 @@ record_version(version(), m[3] or 0, m[4], 'failed', 'failed', 'failed: ' .. ARG
 unowe()
 if redis.call('GET', K.lease) == ARGV[6] then redis.call('DEL', K.lease) end
 emit('failed', ARGV[5])
-count('steps', 'failed')
-if (ARGV[8] or '') ~= '' then add_counts(cjson.decode(ARGV[8])) end
+add_counts((ARGV[8] or '') ~= '' and cjson.decode(ARGV[8]) or {}, {count_of(1, 'steps', 'failed')})
 return {'ok'}

@@ -18,6 +18,5 @@ if m[1] == 'active' and m[2] and m[2] == m[3] then
   redis.call('HDEL', K.meta, 'picked')
 end
 redis.call('HSET', K.meta, 'throttled_until', string.format('%.3f', until_ms / 1000))
-count('steps', 'throttled')
-add_counts(cjson.decode(ARGV[9]))
+add_counts(cjson.decode(ARGV[9]), {count_of(1, 'steps', 'throttled')})
 return {'ok'}
