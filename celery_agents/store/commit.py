@@ -1,7 +1,7 @@
 """A step's commit as one record: built once from what the scheduler decided, serialised once for
 `lua/commit_step.lua` (`to_args`).
 
-The header fields a step sets travel as their hash text (`header.header_to_hash` of the header
+The header fields a step sets travel as their hash text (`header.header_texts` of the header
 after the step), so a new header field reaches Redis without touching the script.
 """
 
@@ -16,7 +16,7 @@ from celery_agents.model import CallState, LlmTurn, SessionHeader, Spend, State,
 from celery_agents.store.budget import HeldClaim
 from celery_agents.store.codec import turn_digest
 from celery_agents.store.counters import CounterKey, counter_field
-from celery_agents.store.header import ERROR_CODE, header_to_hash, sparse_update
+from celery_agents.store.header import ERROR_CODE, header_texts, sparse_update
 from celery_agents.store.summary import step_summary
 
 if TYPE_CHECKING:  # the scheduler is imported by steps, not by commands that only read
@@ -160,7 +160,6 @@ def commit_record(
             "turns_digest": turn_digest(header.turns_digest, list(turn_jsons)) if header.turns_digest else "",
         }
     )
-    stored = header_to_hash(after)
     written = tuple(t.calls if calls is None else calls)
     return CommitRecord(
         session_id=header.session_id,
@@ -171,7 +170,7 @@ def commit_record(
         turns=tuple(t.new_turns),
         turn_jsons=turn_jsons,
         calls=written,
-        meta=sparse_update(header_to_hash(header), {name: stored[name] for name in _SET_FIELDS}),
+        meta=sparse_update(header_texts(header, _SET_FIELDS), header_texts(after, _SET_FIELDS)),
         state=t.state,
         steps_inc=1 if t.counts_as_step else 0,
         owe=t.status == Status.ACTIVE and t.state.owes_step,

@@ -150,6 +150,17 @@ def header_to_hash(h: SessionHeader) -> dict[str, str]:
     return stored
 
 
+_BY_NAME = {f.name: f for f in _FIELDS}
+
+
+def header_texts(h: SessionHeader, names: tuple[str, ...]) -> dict[str, str]:
+    """The texts `header_to_hash` gives the fields `names` of `h` (a step's commit writes a few)."""
+    return {
+        name: (h.error.code if h.error else "") if name == ERROR_CODE else _text(_BY_NAME[name], getattr(h, name))
+        for name in names
+    }
+
+
 def header_to_stored(h: SessionHeader) -> dict[str, str]:
     """The hash a session is written as when it is made: `header_to_hash` without the fields of
     `SPARSE` at their default, nor the session's id (its key names it: `header_from_hash` takes
