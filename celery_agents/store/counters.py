@@ -1,16 +1,19 @@
 """The fleet's counters: one Redis hash (`Keys.counters`), a field per series and label values
-(`<series>\\x1f<label>\\x1f...`), incremented by the script that records the work it counts: a
-step's commit counts the step, its model calls and tokens and its inline tool calls; a call's
-recorded result, a token's completion or expiry and the sweeper's republish count theirs. A count
-is then true whichever process did the work (a worker, the CLI running steps inline, `agents
-serve` applying a completion), and every `/metrics` reads the hash whole (one HGETALL) and serves
-the same fleet totals. Counts travel to a script as `counts_json`; a few paths that end with no
-script of their own add theirs with `CounterStore.count` (one round trip)."""
+(`<series>\\x1f<label>\\x1f...`), added to by the script that records the work it counts: a step's
+commit counts the step, its model calls and tokens and its inline tool calls; a call's recorded
+result, a token's completion or expiry and the sweeper's republish count theirs. A script that
+counts several things pushes them as one entry to a short list (`Keys.tally`), which the write
+that brings it to 64 entries adds to the hash. A count is then true whichever process did the
+work (a worker, the CLI running steps inline, `agents serve` applying a completion), and every
+`/metrics` reads the hash and the list of each index shard in one transaction and serves the same
+fleet totals. Counts travel to a script as `counts_json`; a few paths that end with no script of
+their own add theirs with `CounterStore.count` (one round trip)."""
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Mapping
 from typing import cast
 
@@ -64,15 +67,28 @@ def _add(out: dict[CounterKey, float], field: str, n: float) -> None:
     out[key] = out.get(key, 0) + n
 
 
-def _tally_entry(entry: str) -> list[tuple[str, float]]:
-    """One entry of a `tally` list, `[[field, n], ...]`; one that is not (nobody but a script of
-    this store writes there) counts nothing."""
+def _tally_entry(entry: str) -> list[tuple[str, int]]:
+    """The pairs of one entry of a `tally` list, `[[field, n], ...]`, that count: a field and a
+    whole number, as `_lib.lua` `fold_tally` adds them (nobody but this store's scripts writes
+    there; anything else counts nothing, on both sides)."""
     try:
         pairs = json.loads(entry)
-        return [(str(f), float(n) if isinstance(n, float) else int(n)) for f, n in pairs]
-    except (ValueError, TypeError):
-        log.warning("ignored a malformed entry of the counters' tally: %.80r", entry)
+    except ValueError:
+        log.warning("ignored an entry of the counters' tally that is not JSON: %.80r", entry)
         return []
+    if not isinstance(pairs, list):
+        return []
+    return [
+        (p[0], int(p[1]))
+        for p in pairs
+        if isinstance(p, list)
+        and len(p) >= 2
+        and isinstance(p[0], str)
+        and isinstance(p[1], (int, float))
+        and not isinstance(p[1], bool)
+        and math.isfinite(p[1])
+        and p[1] == int(p[1])
+    ]
 
 
 def _number(text: str) -> float:

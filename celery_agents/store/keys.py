@@ -249,7 +249,8 @@ class Keys:
     @property
     def counters(self) -> str:
         """Hash: the fleet's counters, `<series>\\x1f<label>...` -> count (store/counters.py), each
-        incremented by the script that records the work it counts; every `/metrics` reads it whole."""
+        added to by the script that records the work it counts, directly or through `tally`; every
+        `/metrics` reads it whole, with `tally`."""
         return f"{self.base}:counters"
 
     @property

@@ -5,6 +5,7 @@ process (or how many of them) did the work."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 
@@ -186,13 +187,15 @@ def test_nothing_is_counted_for_a_step_s_commit_retried_after_its_reply_was_lost
     assert counters(store) == {("steps", "committed"): 1, ("model_calls", "m", "ok"): 1, ("spend", "tokens"): tokens}
 
 
-def _commit_counted(store: Store, counts: dict[tuple[str, ...], int]) -> None:
+def _commit_counted(store: Store, counts: dict[tuple[str, ...], int], cost: float | None = None) -> None:
+    from celery_agents.model import Usage
     from celery_agents.store.commit import commit_record
     from tests.store.scenario import decide
 
     sid = start(store)
     loaded = begin(store, sid)
-    t = decide(store, loaded, llm=ScriptedLlm(llm_turn(text="Sunny.")))
+    usage = Usage(prompt_tokens=10, completion_tokens=2, total_tokens=12, cost=cost)
+    t = decide(store, loaded, llm=ScriptedLlm(llm_turn(text="Sunny.", usage=usage)))
     record = commit_record(loaded.header, "w1", t, counts=counts)
     keys = store.scripts.session_keys("commit_step", store.keys, sid, sid)
     reply = store.scripts.run("commit_step", keys, ["event", 1000, sid, *record.to_args(sid, 30_000)])
@@ -212,14 +215,53 @@ def test_counts_added_in_one_command_stay_exact_as_the_writes_that_fill_their_li
             assert got[("steps", "committed")] == i + 1
             assert got[("model_calls", "m", "ok")] == i + 1
             assert got[("model_tokens", "m", "input")] == sum(range(i + 1))
+            assert got[("spend", "tokens")] == 12 * (i + 1)
     assert max(lengths) < 64, "the write that fills the list folds it"
     assert lengths.count(0) == 2, lengths  # folded twice in 150 commits
     held = store.client.hgetall(store.keys.counters)
     assert int(held["steps\x1fcommitted"]) == 128, "two folds of 64 commits each are in the hash"
 
 
-def test_a_malformed_tally_entry_counts_nothing_and_breaks_no_reader(store: Store) -> None:
+@pytest.mark.parametrize("seed", [1, 4, 6])  # costs under which a folded sum once read lower
+def test_the_fleet_s_spend_in_usd_only_grows_and_is_the_sessions_spend(store: Store, seed: int) -> None:
+    """`agents_spend_total{kind="cost"}` is a Prometheus counter: no read is lower than the one
+    before it, across the folds of the counts' list too (steps without a cost fill the list: a sum
+    of costs folded from it could read lower than the same sum read from it); and it is
+    what the sessions spent."""
+    import random
+
+    rng, seen, spent = random.Random(seed), [], 0.0
+    for i in range(200):
+        cost = rng.uniform(1e-6, 3e-2) if i % 64 < 40 else None
+        spent += cost or 0.0
+        _commit_counted(store, {("model_calls", "m", "ok"): 1}, cost=cost)
+        seen.append(counters(store).get(("spend", "cost"), 0.0))
+    lower = [(a, b) for a, b in itertools.pairwise(seen) if b < a]
+    assert not lower, f"a read lower than the one before it: {lower}"
+    assert seen[-1] == pytest.approx(spent, rel=1e-12)
+
+
+def test_a_malformed_tally_entry_counts_nothing_and_stops_no_write(store: Store) -> None:
+    """Nothing but the store's scripts writes the list; what else lands there is skipped alike by
+    the readers and by the fold, and the writes that fold it go on."""
     _commit_counted(store, {("model_calls", "m", "ok"): 2})
-    store.client.rpush(store.keys.tally, "not json", '[["steps\x1fcommitted", "x"]]')
+    store.client.rpush(
+        store.keys.tally,
+        "not json",
+        '{"a": 1}',
+        json.dumps([["steps\x1fcommitted", "x"], ["steps\x1fcommitted", 1.5], 7, ["model_calls\x1fm\x1fok", 3]]),
+    )
     got = counters(store)
-    assert got[("model_calls", "m", "ok")] == 2 and got[("steps", "committed")] == 1
+    assert got[("model_calls", "m", "ok")] == 5 and got[("steps", "committed")] == 1
+    for _ in range(70):  # through a fold
+        _commit_counted(store, {("model_calls", "m", "ok"): 1})
+    got = counters(store)
+    assert got[("model_calls", "m", "ok")] == 75 and got[("steps", "committed")] == 71
+
+
+def test_a_field_the_hash_holds_as_no_whole_number_costs_the_fold_no_other_count(store: Store) -> None:
+    store.client.hset(store.keys.counters, "model_calls\x1fbroken\x1fok", "1.5")
+    for _ in range(70):
+        _commit_counted(store, {("model_calls", "broken", "ok"): 1, ("model_tokens", "m", "input"): 2})
+    got = counters(store)
+    assert got[("steps", "committed")] == 70 and got[("model_tokens", "m", "input")] == 140

@@ -190,45 +190,64 @@ local function count_of(n, ...)
   return {table.concat({...}, '\31'), n}
 end
 
--- Fields of the counters that are not whole numbers.
-local FLOAT_COUNTERS = {['spend\31cost'] = true}
--- Add the `tally` list's entries to the counters hash and empty it (store/counters.py reads both).
+-- A pair of the `tally` list that counts: a field and a whole number (store/counters.py
+-- `tally_pairs` skips the same ones).
+local function whole_pair(c)
+  return type(c) == 'table' and type(c[1]) == 'string' and type(c[2]) == 'number' and c[2] == math.floor(c[2])
+end
+-- Add the `tally` list's entries to the counters hash, then empty it (store/counters.py reads
+-- both). Nothing here can stop the script: an entry that is not a JSON array, or a pair that is not
+-- a field and a whole number, counts nothing (no script writes one); a field the hash holds as
+-- something other than a whole number keeps it, with a line in Redis's log.
 local function fold_tally()
   local sums, order = {}, {}
   for _, entry in ipairs(redis.call('LRANGE', K.tally, 0, -1)) do
-    for _, c in ipairs(cjson.decode(entry)) do
-      if not sums[c[1]] then order[#order + 1] = c[1]; sums[c[1]] = 0 end
-      sums[c[1]] = sums[c[1]] + (tonumber(c[2]) or 0)
+    local ok, pairs_ = pcall(cjson.decode, entry)
+    if ok and type(pairs_) == 'table' then
+      for _, c in ipairs(pairs_) do
+        if whole_pair(c) then
+          if not sums[c[1]] then order[#order + 1] = c[1]; sums[c[1]] = 0 end
+          sums[c[1]] = sums[c[1]] + c[2]
+        end
+      end
+    end
+  end
+  for _, f in ipairs(order) do
+    if sums[f] ~= 0 then
+      local added = redis.pcall('HINCRBY', K.counters, f, string.format('%.0f', sums[f]))
+      if type(added) == 'table' and added.err then
+        redis.log(redis.LOG_WARNING, 'celery-agents: counter ' .. f .. ' not added to: ' .. added.err)
+      end
     end
   end
   redis.call('DEL', K.tally)
-  for _, f in ipairs(order) do
-    local n = sums[f]
-    if FLOAT_COUNTERS[f] or n ~= math.floor(n) then
-      redis.call('HINCRBYFLOAT', K.counters, f, string.format('%.17g', n))
-    elseif n ~= 0 then
-      redis.call('HINCRBY', K.counters, f, string.format('%.0f', n))
-    end
-  end
 end
 -- The entries `tally` holds before they are folded into the hash.
 local TALLY_FOLD = 64
--- What the caller counted while doing the work this script records, {{field, n}, ...}, and
--- `more` pairs of the same kind, in one command whatever their number: one HINCRBY, or one RPUSH
--- to the `tally` list, folded into the hash by the write that fills it.
+-- What the caller counted while doing the work this script records, {{field, n}, ...} with n
+-- whole, and `more` pairs of the same kind, in one command whatever their number: one HINCRBY, or
+-- one RPUSH to the `tally` list, folded into the hash by the write that fills it. (The spend in USD,
+-- not a whole number, is added to the hash itself: `add_cost`.)
 local function add_counts(counts, more)
   local all = {}
-  for _, c in ipairs(counts or {}) do
-    if tonumber(c[2]) ~= 0 then all[#all + 1] = c end
+  for _, list in ipairs({counts or {}, more or {}}) do
+    for _, c in ipairs(list) do
+      local n = tonumber(c[2])
+      if n and n ~= 0 and n == math.floor(n) then all[#all + 1] = {c[1], n} end
+    end
   end
-  for _, c in ipairs(more or {}) do
-    if tonumber(c[2]) ~= 0 then all[#all + 1] = c end
-  end
-  if #all == 1 and not FLOAT_COUNTERS[all[1][1]] then
-    redis.call('HINCRBY', K.counters, all[1][1], all[1][2])
+  if #all == 1 then
+    redis.call('HINCRBY', K.counters, all[1][1], string.format('%.0f', all[1][2]))
   elseif #all > 0 then
     if redis.call('RPUSH', K.tally, cjson.encode(all)) >= TALLY_FOLD then fold_tally() end
   end
+end
+-- The fleet's spend in USD (`agents_spend_total{kind="cost"}`), added to the hash at once: a sum
+-- of floats folded later could read lower than the sum read before the fold (a counter that goes
+-- down), and cjson keeps 14 digits of each.
+local function add_cost(cost)
+  local n = tonumber(cost) or 0
+  if n ~= 0 then redis.call('HINCRBYFLOAT', K.counters, 'spend\31cost', cost) end
 end
 
 -- A session's spend: flat fields of its header (model/budget.py SPENT_FIELDS), in the order of

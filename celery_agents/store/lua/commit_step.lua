@@ -58,7 +58,7 @@ local function compact_events()
   if type(dumped) == 'string' then redis.pcall('RESTORE', K.events, 0, dumped, 'REPLACE') end
 end
 -- What the step spent, added to each session above this one (their headers follow the token
--- keys) and, tokens and cost, to the fleet's; this session's own with `own`.
+-- keys); this session's own with `own` (the fleet's: `add_step_counts`).
 local function spend_above(spend, own)
   local above = NKEYS + #c.tokens
   if #c.tokens > 0 then above = above + 1 end
@@ -66,12 +66,13 @@ local function spend_above(spend, own)
   for j = 1, c.n_above do add_spend(KEYS[above + j], spend) end
 end
 -- The step's counts with its outcome and, tokens and cost, its spend (`agents_spend_total{kind}`:
--- each step's own, counted once), added to the fleet's counters in one command.
+-- each step's own, counted once), added to the fleet's counters: the counts in one command, the
+-- cost (when there is one) in another.
 local function add_step_counts(outcome, spend)
   local more = {count_of(1, 'steps', outcome)}
   if spend then
     more[2] = count_of(tonumber(spend[1]) or 0, 'spend', 'tokens')
-    more[3] = count_of(tonumber(spend[2]) or 0, 'spend', 'cost')
+    add_cost(spend[2])
   end
   add_counts(c.counts, more)
 end
