@@ -5,7 +5,7 @@ result, a token's completion or expiry and the sweeper's republish count theirs.
 counts several things pushes them as one entry to a short list (`Keys.tally`), which the write
 that brings it to 64 entries adds to the hash. A count is then true whichever process did the
 work (a worker, the CLI running steps inline, `agents serve` applying a completion), and every
-`/metrics` reads the hash and the list of each index shard in one transaction and serves the same
+`/metrics` reads the hash and the list of each index shard at one moment and serves the same
 fleet totals. Counts travel to a script as `counts_json`; a few paths that end with no script of
 their own add theirs with `CounterStore.count` (one round trip)."""
 
@@ -42,18 +42,30 @@ def counts_json(counts: Counts) -> str:
     return json.dumps([[counter_field(k), n] for k, n in counts.items() if n], ensure_ascii=False)
 
 
+#: a shard's hash and list read at once (a script runs whole), for a store of several shards
+_READ_SHARD = "return {redis.call('HGETALL', KEYS[1]), redis.call('LRANGE', KEYS[2], 0, -1)}"
+
+
 def read_counters(client: redis.Redis, keys: Keys) -> dict[CounterKey, float]:
     """Every counter of the fleet, read at once (counts are whole; the spend in USD is not): the
     hash, plus what its `tally` list holds (a step's commit adds its counts there in one command;
-    `_lib.lua` `add_counts`), both read in one transaction, since the write that fills the list
-    moves its entries to the hash. Each index shard counts the work of its sessions: the fleet's
-    count is their sum."""
-    out: dict[CounterKey, float] = {}
-    for shard in keys.all_shards():
+    `_lib.lua` `add_counts`), both read at one moment, since the write that fills the list moves
+    its entries to the hash. Each index shard counts the work of its sessions: the fleet's count
+    is their sum, each shard read by a script of its own, all in one pipeline (on a Cluster, one
+    round trip per primary)."""
+    shards = keys.all_shards()
+    if len(shards) == 1:
         pipe = client.pipeline(transaction=True)
-        pipe.hgetall(shard.counters)
-        pipe.lrange(shard.tally, 0, -1)
-        raw, tally = cast("tuple[dict[str, str], list[str]]", tuple(pipe.execute()))
+        pipe.hgetall(keys.counters)
+        pipe.lrange(keys.tally, 0, -1)
+        read = [cast("tuple[dict[str, str], list[str]]", tuple(pipe.execute()))]
+    else:
+        pipe = client.pipeline(transaction=False)
+        for shard in shards:
+            pipe.execute_command("EVAL", _READ_SHARD, 2, shard.counters, shard.tally)
+        read = [(dict(zip(flat[::2], flat[1::2], strict=True)), tally) for flat, tally in pipe.execute()]
+    out: dict[CounterKey, float] = {}
+    for raw, tally in read:
         for field, value in raw.items():
             _add(out, field, _number(value))
         for entry in tally:

@@ -265,3 +265,17 @@ def test_a_field_the_hash_holds_as_no_whole_number_costs_the_fold_no_other_count
         _commit_counted(store, {("model_calls", "broken", "ok"): 1, ("model_tokens", "m", "input"): 2})
     got = counters(store)
     assert got[("steps", "committed")] == 70 and got[("model_tokens", "m", "input")] == 140
+
+
+def test_counts_of_sessions_on_several_index_shards_are_read_from_all_of_them(store: Store) -> None:
+    """With `AGENTS_INDEX_SHARDS` (a Cluster's default is 16, a single Redis may have several too)
+    each shard counts its sessions' work: a read adds every shard's hash and list."""
+    from dataclasses import replace
+
+    sharded = Store(store.client, replace(store.settings, index_shards=4))
+    for _ in range(24):
+        _commit_counted(sharded, {("model_calls", "m", "ok"): 1, ("model_tokens", "m", "input"): 5})
+    used = [k for k in sharded.keys.all_shards() if sharded.client.llen(k.tally)]
+    assert len(used) > 1, "the sessions' counts are on several shards"
+    got = Store(store.client, replace(store.settings, index_shards=4)).counters()
+    assert got[("steps", "committed")] == 24 and got[("model_tokens", "m", "input")] == 120
