@@ -62,7 +62,7 @@ def read_counters(client: redis.Redis, keys: Keys) -> dict[CounterKey, float]:
     else:
         pipe = client.pipeline(transaction=False)
         for shard in shards:
-            pipe.execute_command("EVAL", _READ_SHARD, 2, shard.counters, shard.tally)
+            pipe.execute_command("EVAL", _READ_SHARD, 2, shard.counters, shard.tally)  # type: ignore[no-untyped-call]
         read = [(dict(zip(flat[::2], flat[1::2], strict=True)), tally) for flat, tally in pipe.execute()]
     out: dict[CounterKey, float] = {}
     for raw, tally in read:
