@@ -191,7 +191,7 @@ local function count_of(n, ...)
 end
 
 -- A pair of the `tally` list that counts: a field and a whole number (store/counters.py
--- `tally_pairs` skips the same ones).
+-- `_tally_entry` keeps the same ones).
 local function whole_pair(c)
   return type(c) == 'table' and type(c[1]) == 'string' and type(c[2]) == 'number' and c[2] == math.floor(c[2])
 end
