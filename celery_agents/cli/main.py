@@ -8,6 +8,7 @@ Nothing here imports litellm: commands that call a model reach it through the cl
 """
 
 import contextlib
+import gc
 import sys
 from collections.abc import Callable, Iterator
 from enum import StrEnum
@@ -1037,6 +1038,17 @@ def _root(
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `agents` console script."""
+    try:
+        _main(argv)
+    finally:
+        # The process ends here. The interpreter's shutdown would run one last collection over
+        # every object the imports made (pydantic's and typer's included): 50-80 ms of a
+        # read-only command's ~330 on a 2-core VM. Frozen, they are left out of it; they are still
+        # freed, and atexit handlers and `with` blocks ran or run as before.
+        gc.freeze()
+
+
+def _main(argv: list[str] | None) -> None:
     global _ARGV
     args = list(sys.argv[1:] if argv is None else argv)
     _ARGV = args

@@ -108,8 +108,11 @@ built = [m.__name__ for m in models if m.__pydantic_complete__]
 built += ["STORED_TURN"] if STORED_TURN.pydantic_complete else []
 from celery_agents.store.scripts import script_source
 scripts = script_source.cache_info().currsize
+import gc
+frozen = gc.get_freeze_count()
 sys.stdout.flush()
-sys.stderr.write(json.dumps({"code": code, "modules": sorted(sys.modules), "built": built, "scripts": scripts}) + "\\n")
+sys.stderr.write(json.dumps({"code": code, "modules": sorted(sys.modules), "built": built, "scripts": scripts,
+                             "frozen": frozen}) + "\\n")
 """
 
 
@@ -132,6 +135,8 @@ def test_pending_json_imports_only_what_listing_calls_needs(
     assert not leaked, f"`agents session pending --json` imported {leaked[:8]}"
     assert report["built"] == [], f"`agents session pending --json` built schemas it never uses: {report['built']}"
     assert report["scripts"] == 0, f"`agents session pending --json` made {report['scripts']} Lua scripts it never runs"
+    # What the command made is left out of the interpreter's last collection at exit (50-80 ms).
+    assert report["frozen"] > 10_000, report["frozen"]
 
 
 @pytest.mark.usefixtures("cli_worker")
