@@ -19,6 +19,7 @@ refuses without one (`BrokerMissing`).
 
 from __future__ import annotations
 
+import contextlib
 import ssl
 import sys
 from collections.abc import Callable
@@ -50,7 +51,7 @@ import redis.cluster  # noqa: E402
 from redis.backoff import ExponentialBackoff  # noqa: E402
 from redis.exceptions import NoScriptError  # noqa: E402
 from redis.retry import Retry  # noqa: E402
-from redis.sentinel import Sentinel  # noqa: E402
+from redis.sentinel import Sentinel, SentinelConnectionPool  # noqa: E402
 
 from celery_agents.config import Settings  # noqa: E402
 from celery_agents.errors import BrokerMissing, RedisRefused, RedisUnavailable  # noqa: E402
@@ -264,6 +265,15 @@ class StateRedis(_Translated, redis.Redis):
 
 class StatePipeline(_Translated, redis.client.Pipeline):
     """A pipeline of `StateRedis`: its errors translated the same way."""
+
+    #: the address (host, port) of the server that ran the last `execute`, None before one
+    served_by: tuple[Any, Any] | None = None
+
+    def reset(self) -> None:  # type: ignore[override]  # redis-py's Pipeline.reset, not the RESET command
+        conn = self.connection
+        if conn is not None:  # `execute` ends here, before the connection goes back to the pool
+            self.served_by = (getattr(conn, "host", None), getattr(conn, "port", None))
+        super().reset()
 
     def execute(self, raise_on_error: bool = True) -> list[Any]:
         """The replies; a pipeline that lost its connection keeps its commands, so that sending it
@@ -483,6 +493,42 @@ def _sentinel_client(url: SentinelUrl) -> redis.Redis:
         **_client_options(),
     )
     return master
+
+
+def replaced_master_check(client: redis.Redis) -> Callable[[tuple[Any, Any]], bool] | None:
+    """For a client that follows Sentinel: whether a server (its address) is no longer the master
+    the sentinels name. Every reachable sentinel is asked, and the newest configuration (the
+    highest `config-epoch`) is believed: one sentinel may still name the old master for a moment
+    after a failover. When it names another, the sentinel that knows goes first in redis-py's list
+    and the pool is pointed at that master, dropping its idle connections to the old one
+    (`get_master_address`). Sentinels that cannot say leave the answer no. None for any other client."""
+    pool = getattr(client, "connection_pool", None)
+    if not isinstance(pool, SentinelConnectionPool) or not pool.is_master:
+        return None
+    manager, service = pool.sentinel_manager, pool.service_name
+
+    def replaced(address: tuple[Any, Any]) -> bool:
+        newest: tuple[int, int, tuple[str, int]] | None = None
+        for index, sentinel in enumerate(list(manager.sentinels)):
+            try:
+                state = sentinel.sentinel_masters().get(service)
+            except redis.RedisError:
+                continue
+            if not state or not manager.check_master_state(state, service):
+                continue
+            epoch = int(state.get("config-epoch", 0))
+            if newest is None or epoch > newest[0]:
+                newest = (epoch, index, (str(state["ip"]), int(state["port"])))
+        if newest is None or newest[2] == (str(address[0]), int(address[1] or 0)):
+            return False
+        sentinels = manager.sentinels
+        if newest[1] < len(sentinels):  # asked first from now on, as redis-py does with the one that answers
+            sentinels[0], sentinels[newest[1]] = sentinels[newest[1]], sentinels[0]
+        with contextlib.suppress(redis.RedisError):
+            pool.get_master_address()  # type: ignore[no-untyped-call]
+        return True
+
+    return replaced
 
 
 def state_url(settings: Settings) -> str:

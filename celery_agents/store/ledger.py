@@ -15,9 +15,10 @@ from redis.lock import Lock
 from celery_agents.config import Settings
 from celery_agents.errors import UnknownToken
 from celery_agents.model import CallState, TrackedCall
+from celery_agents.store.connection import translated
 from celery_agents.store.ids import parse_token
 from celery_agents.store.keys import Keys
-from celery_agents.store.replication import ReplicaAcks
+from celery_agents.store.replication import MasterMoved, ReplicaAcks
 from celery_agents.store.signing import seal_verifies, trusted_grants
 
 #: a call's "started" marker outlives any run of the call
@@ -134,11 +135,18 @@ class CallLedger:
         if not self.acks.waiting:
             self.client.set(key, owner, ex=STARTED_TTL_S)
             return
-        pipe = self.client.pipeline(transaction=False)
-        pipe.set(key, owner, ex=STARTED_TTL_S)
         node_of = getattr(self.client, "node_of", None)
-        self.acks.queue(pipe, node_of(key) if node_of is not None else None)
-        self.acks.answered(pipe.execute()[1])
+        for sent in range(1, 4):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.set(key, owner, ex=STARTED_TTL_S)
+            self.acks.queue(pipe, node_of(key) if node_of is not None else None)
+            replicas = pipe.execute()[1]
+            try:
+                self.acks.answered(replicas, getattr(pipe, "served_by", None))
+                return
+            except MasterMoved as moved:  # on a replaced master: again, to the one the sentinels name
+                if sent == 3:
+                    raise translated(moved) from None
 
     def call_pending(self, session_id: str, field: str) -> bool:
         """The call is unfinished and wanted (a cancelled session empties its pending calls)."""

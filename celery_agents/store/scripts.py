@@ -23,7 +23,7 @@ from redis.exceptions import NoScriptError
 
 from celery_agents.store.connection import translated
 from celery_agents.store.keys import SCRIPT_KEY_NAMES, STORED_STATES, Keys
-from celery_agents.store.replication import ReplicaAcks
+from celery_agents.store.replication import MasterMoved, ReplicaAcks
 
 #: scripts that are not a session's: their KEYS are named in their own opening comment
 STANDALONE = frozenset(
@@ -33,6 +33,8 @@ STANDALONE = frozenset(
 # session (begin_step: the same owner takes its own lease again), or that answer their own retries
 # (commit_step: `last_commit` in the header): not wrapped in `once`.
 _NOT_ONCE = frozenset({"begin_step", "load_session", "commit_step"})
+#: how many times a write goes again after the master it went to turned out replaced
+_MOVES = 3
 #: scripts that write nothing: no replica has anything to acknowledge
 _READ_ONLY = frozenset({"load_session"})
 
@@ -148,22 +150,32 @@ class Scripts:
 
     def _run_acknowledged(self, name: str, keys: list[str], args: list[Any]) -> Any:
         """EVALSHA and WAIT in one round trip; on NOSCRIPT the script is loaded and sent again. On
-        a Cluster, WAIT goes to the primary of the script's keys, on the same connection."""
+        a Cluster, WAIT goes to the primary of the script's keys, on the same connection. A write
+        that went to a master the sentinels have replaced (`MasterMoved`) is sent again, to the
+        one they name (up to `_MOVES` times): it answers a repeat of the same request with its
+        first reply."""
         script = self._script(name)
         node_of = getattr(self._client, "node_of", None)
-        for attempt in (1, 2):
+        loaded = moves = 0
+        while True:
             pipe = self._client.pipeline(transaction=False)
             pipe.evalsha(script.sha, len(keys), *keys, *args)
             self.acks.queue(pipe, node_of(keys[0]) if node_of is not None and keys else None)
             reply, replicas = pipe.execute(raise_on_error=False)
-            if isinstance(reply, NoScriptError) and attempt == 1:
+            if isinstance(reply, NoScriptError) and loaded <= moves:  # once per server
+                loaded += 1
                 script.sha = self._client.script_load(script.script)
                 continue
             if isinstance(reply, redis.RedisError):
                 raise translated(reply)
-            self.acks.answered(replicas)
+            try:
+                self.acks.answered(replicas, getattr(pipe, "served_by", None))
+            except MasterMoved as moved:
+                moves += 1
+                if moves >= _MOVES:
+                    raise translated(moved) from None
+                continue
             return reply
-        raise AssertionError("unreachable")
 
     @staticmethod
     def session_keys(name: str, keys: Keys, sid: str, request_id: str, *extra: str) -> list[str]:

@@ -144,3 +144,43 @@ def test_a_write_no_replica_acknowledged_may_be_lost_and_is_found_rewound(
     assert store.rewound_sessions().unacknowledged == 1
     check = doctor_check(sentinels, prefix, tmp_path, "rewound sessions")
     assert check["severity"] == "error" and sid in str(check["detail"])
+
+
+def test_a_write_to_a_master_the_sentinels_replaced_goes_to_the_promoted_one(
+    sentinels: SentinelSet, prefix: str
+) -> None:
+    """The primary freezes (SIGSTOP) long enough for the sentinels to promote a replica, then runs
+    again: until the sentinels turn it into a replica (seconds later), it still takes writes on
+    the connections a store keeps, and none of its replicas is left to acknowledge them. A step
+    begun and committed there would be lost with it; the store sees that no replica acknowledged
+    the write, asks the sentinels, and sends the write again to the master they name."""
+    store = worker_store(sentinels, prefix)
+    runner = worker_store(sentinels, prefix)  # another process: a dispatched call's runner
+    sid = start(store)
+    step(store, sid, ScriptedLlm(llm_turn(("c1", "sync_a", "{}"))))
+    assert runner.header(sid).version == 2  # its pool keeps a connection to the primary too
+    old_port = sentinels.master_port()
+    assert old_port is not None
+    old = sentinels.server_on(old_port)
+    assert old.proc is not None
+    old.proc.send_signal(signal.SIGSTOP)
+    try:
+        new = sentinels.wait_failover(old_port)
+        others = [s.port for s in sentinels.servers if s.port not in (old_port, new)]
+        # The other replica follows the promoted one (else it could acknowledge the stale master's writes).
+        sentinels._wait(
+            lambda: all(sentinels.admin(p).info("replication").get("master_port") == new for p in others),
+            "the other replica to follow the promoted one",
+        )
+    finally:
+        old.proc.send_signal(signal.SIGCONT)
+    assert sentinels.admin(old_port).info("replication")["role"] == "master", "the frozen one still acts as master"
+    done = step(store, sid)  # the tools step, on the store's kept connections to the old primary
+    assert done.result is not None and done.result.version == 3
+    on_new = sentinels.admin(new).hget(store.keys.meta(sid), "version")
+    assert on_new == "3", "the step is on the master the sentinels name, not only on the replaced one"
+    assert store.acks.moved >= 1
+    # The marker a worker writes before it runs a dispatched call goes the same way.
+    runner.mark_call_started(sid, "c9", "runner")
+    assert sentinels.admin(new).get(runner.keys.call_started(sid, "c9")) == "runner"
+    assert runner.acks.moved == 1
