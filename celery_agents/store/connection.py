@@ -57,6 +57,7 @@ from celery_agents.config import Settings  # noqa: E402
 from celery_agents.errors import BrokerMissing, RedisRefused, RedisUnavailable  # noqa: E402
 from celery_agents.store.embedded import EmbeddedRedis  # noqa: E402
 from celery_agents.store.outage import UNREACHABLE  # noqa: E402
+from celery_agents.store.replication import MASTER, REPLACED, UNSETTLED  # noqa: E402
 
 #: Connections one client may open at once. A steps process runs up to 200 steps on threads (more
 #: with `--step-threads`), each with a Redis call in flight; redis-py 8 caps a pool at 100 unless
@@ -495,40 +496,50 @@ def _sentinel_client(url: SentinelUrl) -> redis.Redis:
     return master
 
 
-def replaced_master_check(client: redis.Redis) -> Callable[[tuple[Any, Any]], bool] | None:
-    """For a client that follows Sentinel: whether a server (its address) is no longer the master
-    the sentinels name. Every reachable sentinel is asked, and the newest configuration (the
-    highest `config-epoch`) is believed: one sentinel may still name the old master for a moment
-    after a failover. When it names another, the sentinel that knows goes first in redis-py's list
-    and the pool is pointed at that master, dropping its idle connections to the old one
-    (`get_master_address`). Sentinels that cannot say leave the answer no. None for any other client."""
+def sentinel_verdict(client: redis.Redis) -> Callable[[tuple[Any, Any]], str] | None:
+    """For a client that follows Sentinel: what the sentinels say of a server (its address) that
+    took a write no replica acknowledged: `MASTER` (it is the master, nothing under way),
+    `REPLACED` (they name another) or `UNSETTLED` (one sees the master down or a failover under
+    way). Every reachable sentinel is asked, and the newest configuration (the highest
+    `config-epoch`) is believed: right after a failover one may still name the old master. When
+    it names another, the sentinel that knows goes first in redis-py's list and the pool is
+    pointed at that master, dropping its idle connections to the old one (`get_master_address`).
+    Sentinels that cannot say leave the answer `MASTER`. None for any other client."""
     pool = getattr(client, "connection_pool", None)
     if not isinstance(pool, SentinelConnectionPool) or not pool.is_master:
         return None
     manager, service = pool.sentinel_manager, pool.service_name
 
-    def replaced(address: tuple[Any, Any]) -> bool:
+    def verdict(address: tuple[Any, Any]) -> str:
         newest: tuple[int, int, tuple[str, int]] | None = None
+        unsettled = False
         for index, sentinel in enumerate(list(manager.sentinels)):
             try:
                 state = sentinel.sentinel_masters().get(service)
             except redis.RedisError:
                 continue
-            if not state or not manager.check_master_state(state, service):
+            if not state:
+                continue
+            unsettled |= bool(set(str(state.get("flags", "")).split(",")) & _UNSETTLED_FLAGS)
+            if not manager.check_master_state(state, service):
                 continue
             epoch = int(state.get("config-epoch", 0))
             if newest is None or epoch > newest[0]:
                 newest = (epoch, index, (str(state["ip"]), int(state["port"])))
         if newest is None or newest[2] == (str(address[0]), int(address[1] or 0)):
-            return False
+            return UNSETTLED if unsettled else MASTER
         sentinels = manager.sentinels
         if newest[1] < len(sentinels):  # asked first from now on, as redis-py does with the one that answers
             sentinels[0], sentinels[newest[1]] = sentinels[newest[1]], sentinels[0]
         with contextlib.suppress(redis.RedisError):
             pool.get_master_address()  # type: ignore[no-untyped-call]
-        return True
+        return REPLACED
 
-    return replaced
+    return verdict
+
+
+#: a sentinel's flags for a master that is not settled: seen down, or being replaced
+_UNSETTLED_FLAGS = frozenset({"s_down", "o_down", "failover_in_progress"})
 
 
 def state_url(settings: Settings) -> str:

@@ -18,7 +18,7 @@ from celery_agents.config import Settings
 from celery_agents.errors import IncompatibleData, RedisUnavailable, UnknownSession, UntrustedSpec
 from celery_agents.model import AgentSpec, SessionHeader, TrackedCall
 from celery_agents.store.codec import unfinished_rows
-from celery_agents.store.connection import replaced_master_check
+from celery_agents.store.connection import sentinel_verdict
 from celery_agents.store.header import header_from_hash
 from celery_agents.store.ids import check_session_id
 from celery_agents.store.keys import Keys
@@ -47,7 +47,7 @@ class StoreCore:
         self.settings = settings or Settings()
         self.outage = OutageWatch(outage_seconds)
         self.keys = Keys(self.settings.prefix, self.settings.shards)
-        self.acks = ReplicaAcks(self.settings.replicas_to_ack, replaced=replaced_master_check(client))
+        self.acks = ReplicaAcks(self.settings.replicas_to_ack, sentinels=sentinel_verdict(client))
         self.scripts = Scripts(client, self.acks)
         self._agents: dict[str, AgentSpec] = {}
         self._turn_cache: OrderedDict[str, Transcript] = OrderedDict()

@@ -136,17 +136,17 @@ class CallLedger:
             self.client.set(key, owner, ex=STARTED_TTL_S)
             return
         node_of = getattr(self.client, "node_of", None)
-        for sent in range(1, 4):
+
+        def send() -> tuple[None, object, tuple[Any, Any] | None]:
             pipe = self.client.pipeline(transaction=False)
             pipe.set(key, owner, ex=STARTED_TTL_S)
             self.acks.queue(pipe, node_of(key) if node_of is not None else None)
-            replicas = pipe.execute()[1]
-            try:
-                self.acks.answered(replicas, getattr(pipe, "served_by", None))
-                return
-            except MasterMoved as moved:  # on a replaced master: again, to the one the sentinels name
-                if sent == 3:
-                    raise translated(moved) from None
+            return None, pipe.execute()[1], getattr(pipe, "served_by", None)
+
+        try:
+            self.acks.acknowledged(send)
+        except MasterMoved as moved:
+            raise translated(moved) from None
 
     def call_pending(self, session_id: str, field: str) -> bool:
         """The call is unfinished and wanted (a cancelled session empties its pending calls)."""

@@ -17,7 +17,9 @@ that froze (or was cut off) long enough for a replica to be promoted, then ran a
 the sentinels turn it into a replica, takes writes on the connections clients kept, with no
 replica left to acknowledge them. On Sentinel the store then asks the sentinels which server is
 the master; when they name another, the pool drops its connections to the old one and the write
-is sent again (`MasterMoved`), to the master they name.
+is sent again (`MasterMoved`), to the master they name. When a sentinel sees the master down or a
+failover under way, the write is sent again every `SETTLE_S` for up to `SETTLE_FOR_S` (then it
+stands): the server that took it may be the one being replaced.
 
 When fewer replicas answer within `TIMEOUT_MS` (replicas down or far behind), the write stands
 (the primary has it); that is logged, and for `REST_S` writes do not wait, so a deployment whose
@@ -32,11 +34,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 
 log = logging.getLogger("celery_agents.store")
+
+T = TypeVar("T")
 
 #: how long a write waits for its replicas (ms): they answer within a round trip when in sync
 TIMEOUT_MS = 1000
@@ -44,9 +48,26 @@ TIMEOUT_MS = 1000
 REST_S = 5.0
 
 
+#: what the sentinels say of the server that took a write no replica acknowledged
+#: (store/connection.py `sentinel_verdict`): the master, replaced by another, or a failover under way
+MASTER, REPLACED, UNSETTLED = "master", "replaced", "unsettled"
+#: how long a write waits before it is sent again while a failover is under way (s)
+SETTLE_S = 0.25
+#: for how long a write no replica acknowledged is sent again while a failover is under way (s);
+#: then it stands
+SETTLE_FOR_S = 10.0
+#: how many times a write is sent again after the server that took it turned out replaced
+MOVES = 3
+
+
 class MasterMoved(redis.ConnectionError):
-    """A write no replica acknowledged went to a server the sentinels no longer name master: it is
-    sent again, to the one they name (on the old one it is lost when that becomes a replica)."""
+    """A write no replica acknowledged went to a server the sentinels no longer name master (it
+    is sent again, to the one they name: on the old one it is lost when that becomes a replica),
+    or to a master they see down or being replaced (`unsettled`: sent again after `SETTLE_S`)."""
+
+    def __init__(self, message: str, unsettled: bool = False) -> None:
+        super().__init__(message)
+        self.unsettled = unsettled
 
 
 class ReplicaAcks:
@@ -57,12 +78,13 @@ class ReplicaAcks:
         replicas: int,
         timeout_ms: int = TIMEOUT_MS,
         rest_s: float = REST_S,
-        replaced: Callable[[tuple[Any, Any]], bool] | None = None,
+        sentinels: Callable[[tuple[Any, Any]], str] | None = None,
     ) -> None:
-        """`replaced(address)`: whether the server at `address` is no longer the master (on
-        Sentinel, store/connection.py `replaced_master_check`); None: never asked."""
+        """`sentinels(address)`: what they say of the server at `address` (`MASTER`,
+        `REPLACED`, `UNSETTLED`; on Sentinel, store/connection.py `sentinel_verdict`); None:
+        never asked."""
         self.replicas = replicas
-        self.replaced = replaced
+        self.sentinels = sentinels
         self.timeout_ms = timeout_ms
         self.rest_s = rest_s
         self._lock = threading.Lock()
@@ -70,7 +92,8 @@ class ReplicaAcks:
         self._resting_until = 0.0
         #: writes whose replicas fell short, since this process began (what a failover may lose)
         self.short = 0
-        #: writes sent again because the server that took them was no longer the master
+        #: writes sent again because the server that took them was no longer the master, or
+        #: while a failover was under way
         self.moved = 0
 
     @property
@@ -86,24 +109,28 @@ class ReplicaAcks:
         else:
             pipe.execute_command("WAIT", self.replicas, self.timeout_ms, target_nodes=node)
 
-    def answered(self, replicas: object, served_by: tuple[Any, Any] | None = None) -> bool:
+    def answered(self, replicas: object, served_by: tuple[Any, Any] | None = None, settle: bool = True) -> bool:
         """WAIT's reply: whether enough replicas hold the write; if not, log it and rest. Raises
         `MasterMoved` when the server that took it (`served_by`, its address) is no longer the
-        master: the caller sends the write again."""
+        master, or (with `settle`) a failover is under way: the caller sends the write again."""
         got = int(replicas) if isinstance(replicas, int | str) else 0
         if got >= self.replicas:
             return True
-        if self.replaced is not None and served_by is not None and self.replaced(served_by):
+        verdict = MASTER if self.sentinels is None or served_by is None else self.sentinels(served_by)
+        if verdict == REPLACED or (verdict == UNSETTLED and settle):
             with self._lock:
                 self.moved += 1
+            where = f"{served_by[0]}:{served_by[1]}" if served_by else "?"
+            why = "no longer the master" if verdict == REPLACED else "a master a failover may replace"
             log.warning(
-                "%s of %s replica(s) acknowledged a write on %s:%s, which the sentinels no longer name master: "
-                "the write goes again to the master they name",
+                "%s of %s replica(s) acknowledged a write on %s, %s: the write goes again%s",
                 got,
                 self.replicas,
-                *served_by,
+                where,
+                why,
+                " to the master the sentinels name" if verdict == REPLACED else f" in {SETTLE_S:g} s",
             )
-            raise MasterMoved(f"{served_by[0]}:{served_by[1]} is no longer the master")
+            raise MasterMoved(f"{where} is {why}", unsettled=verdict == UNSETTLED)
         with self._lock:
             self.short += 1
             resting = time.monotonic() < self._resting_until
@@ -118,3 +145,26 @@ class ReplicaAcks:
                 self.rest_s,
             )
         return False
+
+    def acknowledged(self, write: Callable[[], tuple[T, object, tuple[Any, Any] | None]]) -> T:
+        """`write()`'s reply: it sends a write and its WAIT and returns the write's reply, WAIT's
+        reply and the address of the server that took them. Sent again to the master the
+        sentinels name when they replaced that server (at most `MOVES` times, then `MasterMoved`),
+        and every `SETTLE_S` while a failover is under way (for up to `SETTLE_FOR_S`, then it
+        stands). A writing script answers a repeat of the same request with its first reply."""
+        moves = 0
+        settle_until: float | None = None
+        while True:
+            reply, replicas, served_by = write()
+            now = time.monotonic()
+            try:
+                self.answered(replicas, served_by, settle=settle_until is None or now < settle_until)
+                return reply
+            except MasterMoved as moved:
+                if not moved.unsettled:
+                    moves += 1
+                    if moves >= MOVES:
+                        raise
+                    continue
+                settle_until = now + SETTLE_FOR_S if settle_until is None else settle_until
+                time.sleep(SETTLE_S)

@@ -33,8 +33,6 @@ STANDALONE = frozenset(
 # session (begin_step: the same owner takes its own lease again), or that answer their own retries
 # (commit_step: `last_commit` in the header): not wrapped in `once`.
 _NOT_ONCE = frozenset({"begin_step", "load_session", "commit_step"})
-#: how many times a write goes again after the master it went to turned out replaced
-_MOVES = 3
 #: scripts that write nothing: no replica has anything to acknowledge
 _READ_ONLY = frozenset({"load_session"})
 
@@ -150,32 +148,30 @@ class Scripts:
 
     def _run_acknowledged(self, name: str, keys: list[str], args: list[Any]) -> Any:
         """EVALSHA and WAIT in one round trip; on NOSCRIPT the script is loaded and sent again. On
-        a Cluster, WAIT goes to the primary of the script's keys, on the same connection. A write
-        that went to a master the sentinels have replaced (`MasterMoved`) is sent again, to the
-        one they name (up to `_MOVES` times): it answers a repeat of the same request with its
-        first reply."""
+        a Cluster, WAIT goes to the primary of the script's keys, on the same connection. Sent
+        again when the master that took it was replaced or is being replaced
+        (`ReplicaAcks.acknowledged`)."""
         script = self._script(name)
         node_of = getattr(self._client, "node_of", None)
-        loaded = moves = 0
-        while True:
-            pipe = self._client.pipeline(transaction=False)
-            pipe.evalsha(script.sha, len(keys), *keys, *args)
-            self.acks.queue(pipe, node_of(keys[0]) if node_of is not None and keys else None)
-            reply, replicas = pipe.execute(raise_on_error=False)
-            if isinstance(reply, NoScriptError) and loaded <= moves:  # once per server
-                loaded += 1
-                script.sha = self._client.script_load(script.script)
-                continue
-            if isinstance(reply, redis.RedisError):
-                raise translated(reply)
-            try:
-                self.acks.answered(replicas, getattr(pipe, "served_by", None))
-            except MasterMoved as moved:
-                moves += 1
-                if moves >= _MOVES:
-                    raise translated(moved) from None
-                continue
-            return reply
+
+        def send() -> tuple[Any, object, tuple[Any, Any] | None]:
+            for attempt in (1, 2):
+                pipe = self._client.pipeline(transaction=False)
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+                self.acks.queue(pipe, node_of(keys[0]) if node_of is not None and keys else None)
+                reply, replicas = pipe.execute(raise_on_error=False)
+                if isinstance(reply, NoScriptError) and attempt == 1:
+                    script.sha = self._client.script_load(script.script)
+                    continue
+                if isinstance(reply, redis.RedisError):
+                    raise translated(reply)
+                return reply, replicas, getattr(pipe, "served_by", None)
+            raise AssertionError("unreachable")
+
+        try:
+            return self.acks.acknowledged(send)
+        except MasterMoved as moved:
+            raise translated(moved) from None
 
     @staticmethod
     def session_keys(name: str, keys: Keys, sid: str, request_id: str, *extra: str) -> list[str]:

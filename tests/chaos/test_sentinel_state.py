@@ -21,7 +21,7 @@ from tests.chaos.conftest import report
 from tests.chaos.invariants import check_invariants
 from tests.scheduler.fakes import ScriptedLlm, llm_turn
 from tests.store.scenario import begin, start, step
-from tests.support.sentinel import SentinelSet
+from tests.support.sentinel import MASTER, SentinelSet
 
 pytestmark = pytest.mark.slow
 
@@ -184,3 +184,55 @@ def test_a_write_to_a_master_the_sentinels_replaced_goes_to_the_promoted_one(
     runner.mark_call_started(sid, "c9", "runner")
     assert sentinels.admin(new).get(runner.keys.call_started(sid, "c9")) == "runner"
     assert runner.acks.moved == 1
+
+
+def test_a_write_while_the_sentinels_replace_its_master_waits_and_goes_to_the_promoted_one(
+    tmp_path: Path, prefix: str
+) -> None:
+    """The primary stops answering the sentinels (it now asks for a password they do not have) yet
+    serves the connections a store keeps; its replicas, cut off, cannot come back, and none may
+    be promoted yet (replica priority 0). While the sentinels see it down and try to replace it,
+    a step's writes fall short of a replica: the step waits, sending them again, until the
+    sentinels promote the replica they are then allowed to, and lands there. Before, the first
+    write stood on the old primary and writes stopped waiting: the step never reached the new one."""
+    sentinels = SentinelSet(tmp_path / "sentinel", replica_priority=0, failover_timeout_ms=2000).start()
+    try:
+        store = worker_store(sentinels, prefix)
+        sid = start(store)
+        step(store, sid, ScriptedLlm(llm_turn(("c1", "sync_a", "{}"))))
+        old_port = sentinels.master_port()
+        assert old_port is not None
+        primary = sentinels.admin(old_port)
+        primary.config_set("requirepass", "not-the-sentinels")
+        for c in primary.client_list():  # the replicas and the sentinels must log in again: they cannot
+            if c["name"].startswith("sentinel-") or "S" in c["flags"]:
+                primary.client_kill_filter(_id=c["id"])
+
+        def seen_down() -> bool:
+            return any(sentinels.sentinel(p).sentinel_master(MASTER)["is_odown"] for p in sentinels.sentinel_ports)
+
+        sentinels._wait(seen_down, "the sentinels to agree the primary is down")
+        promoted: list[int] = []
+        stepped = threading.Event()
+
+        def allow_a_promotion() -> None:  # once the step waits on the failover (or is done)
+            while store.acks.moved == 0 and not stepped.is_set():
+                time.sleep(0.05)
+            replica = next(s.port for s in sentinels.servers if s.port != old_port)
+            sentinels.admin(replica).config_set("replica-priority", "100")
+            promoted.append(replica)
+
+        helper = threading.Thread(target=allow_a_promotion, daemon=True)
+        helper.start()
+        done = step(store, sid)  # the tools step, begun on the old primary's kept connection
+        waited = store.acks.moved
+        stepped.set()
+        helper.join(timeout=5)
+        assert done.result is not None and done.result.version == 3
+        new = sentinels.wait_failover(old_port)
+        assert new == promoted[0]
+        on_new = sentinels.admin(new).hget(store.keys.meta(sid), "version")
+        assert on_new == "3", "the step is on the promoted replica, not only on the replaced primary"
+        assert waited > 0, "the step waited on the failover"
+    finally:
+        sentinels.stop()

@@ -1,34 +1,58 @@
 """Writes that wait for replicas (store/replication.py) on the real Redis, which has none here: a
-write no replica acknowledged stands and writes rest, unless the server that took it is no longer
-the master, when it is sent again (at most three times), answering with its first reply."""
+write no replica acknowledged stands and writes rest, unless the sentinels name another master
+(the write goes again, at most three times, answering with its first reply) or see a failover
+under way (again every pause, until the time given to a failover has passed: then it stands)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
 
 from celery_agents.errors import RedisUnavailable
-from celery_agents.store import Store
-from celery_agents.store.replication import ReplicaAcks
+from celery_agents.store import Store, replication
+from celery_agents.store.replication import MASTER, REPLACED, SETTLE_S, UNSETTLED, ReplicaAcks
 from tests.store.scenario import start
+
+
+def acks_saying(store: Store, verdict: str, asked: list[Any]) -> ReplicaAcks:
+    acks = ReplicaAcks(1, timeout_ms=10, sentinels=lambda address: asked.append(address) or verdict)
+    store.acks = store.scripts.acks = acks
+    return acks
 
 
 def test_a_write_no_replica_acknowledged_stands_and_writes_rest(store: Store) -> None:
     asked: list[Any] = []
-    store.acks = store.scripts.acks = ReplicaAcks(1, timeout_ms=10, replaced=lambda a: asked.append(a) or False)
+    acks = acks_saying(store, MASTER, asked)
     sid = start(store)
-    assert store.acks.short == 1 and store.acks.moved == 0
+    assert acks.short == 1 and acks.moved == 0
     assert len(asked) == 1 and asked[0][1] is not None, "asked about the server that took the write"
-    assert not store.acks.waiting, "writes rest after a write no replica acknowledged"
+    assert not acks.waiting, "writes rest after a write no replica acknowledged"
     assert store.header(sid).version == 1
 
 
 def test_a_write_on_a_replaced_master_goes_again_and_gives_up_after_three(store: Store) -> None:
     sid = start(store)
-    store.acks = store.scripts.acks = ReplicaAcks(1, timeout_ms=10, replaced=lambda a: True)
-    with pytest.raises(RedisUnavailable, match="no longer the master"):
+    asked: list[Any] = []
+    acks = acks_saying(store, REPLACED, asked)
+    with pytest.raises(RedisUnavailable, match="is no longer the master"):
         store.cancel(sid)  # sent three times: each time the "old master" took it
-    assert store.acks.moved == 3 and store.acks.short == 0
-    assert store.acks.waiting, "a replaced master is no reason to stop waiting"
+    assert acks.moved == 3 and acks.short == 0 and len(asked) == 3
+    assert acks.waiting, "a replaced master is no reason to stop waiting"
     assert store.header(sid).status == "cancelled", "the repeats answered with the first reply"
+
+
+def test_a_write_during_a_failover_goes_again_until_the_failover_had_its_time(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(replication, "SETTLE_FOR_S", 2.5 * SETTLE_S)
+    sid = start(store)
+    asked: list[Any] = []
+    acks = acks_saying(store, UNSETTLED, asked)
+    began = time.monotonic()
+    assert store.cancel(sid) >= 0
+    assert time.monotonic() - began >= 2.5 * SETTLE_S, "sent again until the failover had its time"
+    assert acks.moved >= 2 and acks.short == 1 and len(asked) == acks.moved + 1
+    assert not acks.waiting, "then it stood: writes rest"
+    assert store.header(sid).status == "cancelled"

@@ -33,6 +33,7 @@ class SentinelSet:
         appendonly: bool = True,
         password: str | None = None,
         tls: dict[str, Path] | None = None,
+        replica_priority: int | None = None,
     ) -> None:
         """`tls`: the `ca`, `cert` and `key` files: servers and sentinels then also listen with TLS
         (replication and the sentinels' own connections go over it), and `url()` names the
@@ -46,6 +47,8 @@ class SentinelSet:
         self.servers = []
         for i in range(1 + replicas):
             extra = self._auth_args()
+            if i and replica_priority is not None:  # 0: the sentinels promote none of them
+                extra += ["--replica-priority", str(replica_priority)]
             if tls is not None:
                 tls_port = free_port()
                 extra += ["--tls-port", str(tls_port), "--tls-replication", "yes", *self._tls_args()]
