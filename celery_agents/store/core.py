@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import threading
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
@@ -27,6 +29,8 @@ from celery_agents.store.records import Transcript
 from celery_agents.store.replication import ReplicaAcks
 from celery_agents.store.scripts import Scripts
 from celery_agents.store.signing import spec_verifies
+
+log = logging.getLogger("celery_agents.store")
 
 T = TypeVar("T")
 
@@ -77,7 +81,58 @@ class StoreCore:
         if pipe is not None:  # queued, not sent: the pipeline's `execute` is what may fail
             return self.scripts.run(name, keys, argv, client=pipe)
         # Sent again through an outage with the same request id: the script answers with its first reply.
-        return self.through_outage(lambda: self.scripts.run(name, keys, argv), effect=effect)
+        if not self.acks.replicas:
+            return self.through_outage(lambda: self.scripts.run(name, keys, argv), effect=effect)
+        place = self.acks.begin()
+        reply = self.through_outage(lambda: self.scripts.run(name, keys, argv), effect=effect)
+        due = self.acks.settle(sid, place)
+        if due:
+            self._check_unconfirmed(due)
+        return reply
+
+    def _check_unconfirmed(self, sids: list[str]) -> None:
+        """Sessions this process wrote while no replica acknowledged, now that a later write was
+        acknowledged: any stored at a lower version than this process knew lost those writes (a
+        failover in between): recorded rewound, and their cached turns dropped. One round trip."""
+        with self._turn_lock:
+            seen = {sid: self._turn_cache[sid] for sid in sids if sid in self._turn_cache}
+        if not seen:
+            return
+        pipe = self.client.pipeline(transaction=False)
+        for sid in seen:
+            pipe.hgetall(self.keys.meta(sid))
+        try:
+            rows = cast("list[dict[str, str]]", pipe.execute())
+        except RedisUnavailable as exc:
+            log.warning("could not check %s session(s) written while no replica acknowledged: %s", len(seen), exc)
+            return
+        for (sid, transcript), data in zip(seen.items(), rows, strict=True):
+            if data and (stored := header_from_hash(data, sid)).version < transcript.version:
+                self._went_back(sid, transcript, stored)
+                with self._turn_lock:
+                    self._turn_cache.pop(sid, None)
+
+    def _went_back(self, session_id: str, seen: Transcript, stored: SessionHeader) -> None:
+        """Redis lost writes this process had read (a replica promoted before it had them, a power
+        cut with `appendfsync everysec`): log it and keep it where `agents doctor` shows it."""
+        record = {
+            "at": time.time(),
+            "seen_version": seen.version,
+            "seen_turns": len(seen.turns),
+            "stored_version": stored.version,
+            "stored_turns": stored.turn_count,
+        }
+        log.warning(
+            "session %s went back: Redis holds version %s (%s turns), not what this process read at version %s "
+            "(%s turns): Redis lost writes (failover, or power cut with appendfsync everysec?); the stored turns "
+            "are read again and the cached ones dropped",
+            session_id,
+            stored.version,
+            stored.turn_count,
+            seen.version,
+            len(seen.turns),
+        )
+        self.client.hset(self.keys.for_session(session_id).rewound, session_id, json.dumps(record))
 
     def through_outage(self, send: Callable[[], T], effect: bool = False) -> T:
         """`send()` (calls of this store's client that may be sent twice), waiting out an

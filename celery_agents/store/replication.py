@@ -30,9 +30,11 @@ read it finds the session rewound (`agents doctor`).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -58,6 +60,8 @@ SETTLE_S = 0.25
 SETTLE_FOR_S = 10.0
 #: how many times a write is sent again after the server that took it turned out replaced
 MOVES = 3
+#: sessions remembered as written with no replica's acknowledgement, per process
+UNCONFIRMED_LIMIT = 10_000
 
 
 class MasterMoved(redis.ConnectionError):
@@ -95,6 +99,13 @@ class ReplicaAcks:
         #: writes sent again because the server that took them was no longer the master, or
         #: while a failover was under way
         self.moved = 0
+        #: this thread's last write: whether replicas acknowledged it (None: not a waited write)
+        self._local = threading.local()
+        self._order = itertools.count(1)
+        #: sessions written while no replica acknowledged, with the place of that write (`begin`)
+        self._unconfirmed: OrderedDict[str, int] = OrderedDict()
+        #: unconfirmed sessions forgotten past `UNCONFIRMED_LIMIT` (not checked after a failover)
+        self.forgotten = 0
 
     @property
     def waiting(self) -> bool:
@@ -114,6 +125,7 @@ class ReplicaAcks:
         `MasterMoved` when the server that took it (`served_by`, its address) is no longer the
         master, or (with `settle`) a failover is under way: the caller sends the write again."""
         got = int(replicas) if isinstance(replicas, int | str) else 0
+        self._local.acknowledged = got >= self.replicas
         if got >= self.replicas:
             return True
         verdict = MASTER if self.sentinels is None or served_by is None else self.sentinels(served_by)
@@ -145,6 +157,36 @@ class ReplicaAcks:
                 self.rest_s,
             )
         return False
+
+    def unwaited(self) -> None:
+        """This thread's write went without waiting (writes rest): no replica acknowledged it."""
+        self._local.acknowledged = False
+
+    def begin(self) -> int:
+        """Before a write to a session: its place among this process's writes (`settle`)."""
+        self._local.acknowledged = None
+        return next(self._order)
+
+    def settle(self, session_id: str, place: int) -> list[str]:
+        """After that write: remember its session when no replica acknowledged it; when one did,
+        hand back the sessions written unacknowledged before it (replicas hold those writes now,
+        or the master changed and they may be lost: the store checks them). A WAIT answered on
+        a server holds every write that server took before it."""
+        acknowledged = getattr(self._local, "acknowledged", None)
+        if acknowledged is None or (acknowledged and not self._unconfirmed):
+            return []
+        with self._lock:
+            if not acknowledged:
+                self._unconfirmed[session_id] = place
+                self._unconfirmed.move_to_end(session_id)
+                while len(self._unconfirmed) > UNCONFIRMED_LIMIT:
+                    self._unconfirmed.popitem(last=False)
+                    self.forgotten += 1
+                return []
+            due = [sid for sid, at in self._unconfirmed.items() if at < place]
+            for sid in due:
+                del self._unconfirmed[sid]
+            return due
 
     def acknowledged(self, write: Callable[[], tuple[T, object, tuple[Any, Any] | None]]) -> T:
         """`write()`'s reply: it sends a write and its WAIT and returns the write's reply, WAIT's

@@ -139,8 +139,10 @@ class Scripts:
     def run(self, name: str, keys: list[str], args: list[Any], client: Any = None) -> Any:
         """The script's reply. On a pipeline (`client`), queued as it is; on this client, followed
         by `WAIT` when writes wait for replicas."""
-        if client is None and name not in _READ_ONLY and self.acks.waiting:
-            return self._run_acknowledged(name, keys, args)
+        if client is None and name not in _READ_ONLY and self.acks.replicas:
+            if self.acks.waiting:
+                return self._run_acknowledged(name, keys, args)
+            self.acks.unwaited()
         script = self._script(name)
         if client is not None and hasattr(client, "queue_script"):  # a Cluster's pipeline
             return client.queue_script(script.sha, script.script, keys, args)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import time
 import uuid
 from typing import Any, cast
 
@@ -92,28 +91,6 @@ class StepStore(LimitStore, BudgetStore):
             self._turn_cache.move_to_end(session_id)
             while len(self._turn_cache) > 512:
                 self._turn_cache.popitem(last=False)
-
-    def _went_back(self, session_id: str, seen: Transcript, stored: SessionHeader) -> None:
-        """Redis lost writes this process had read (a replica promoted before it had them, a power
-        cut with `appendfsync everysec`): log it and keep it where `agents doctor` shows it."""
-        record = {
-            "at": time.time(),
-            "seen_version": seen.version,
-            "seen_turns": len(seen.turns),
-            "stored_version": stored.version,
-            "stored_turns": stored.turn_count,
-        }
-        log.warning(
-            "session %s went back: Redis holds version %s (%s turns), not what this process read at version %s "
-            "(%s turns): Redis lost writes (failover, or power cut with appendfsync everysec?); the stored turns "
-            "are read again and the cached ones dropped",
-            session_id,
-            stored.version,
-            stored.turn_count,
-            seen.version,
-            len(seen.turns),
-        )
-        self.client.hset(self.keys.for_session(session_id).rewound, session_id, json.dumps(record))
 
     def rewound(self, limit: int = 20) -> tuple[int, dict[str, dict[str, Any]]]:
         """Sessions whose stored state went back under a worker (how many, and up to `limit`)."""

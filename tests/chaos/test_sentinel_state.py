@@ -146,6 +146,45 @@ def test_a_write_no_replica_acknowledged_may_be_lost_and_is_found_rewound(
     assert check["severity"] == "error" and sid in str(check["detail"])
 
 
+def test_a_lost_write_is_found_by_its_writer_without_reading_its_session_again(
+    sentinels: SentinelSet, prefix: str
+) -> None:
+    """A worker's commit stands on the primary alone (replicas frozen and cut off) and dies with
+    it. That worker never steps the session again (another one does): it finds the loss itself,
+    at its next write acknowledged on the promoted replica, and the session is recorded rewound
+    before anyone reads it, so doctor names it."""
+    store = worker_store(sentinels, prefix)
+    store.acks.rest_s = 0.5  # writes wait again soon after one fell short
+    sid = start(store)
+    step(store, sid, ScriptedLlm(llm_turn(("c1", "sync_a", "{}"))))
+    replicas = [s for s in sentinels.servers if s.port != sentinels.master_port()]
+    for r in replicas:
+        assert r.proc is not None
+        r.proc.send_signal(signal.SIGSTOP)
+    primary = sentinels.admin(sentinels.master_port() or 0)
+    try:
+        primary.client_kill_filter(_type="replica")
+        step(store, sid)  # the tools step: begun, then committed without waiting, on the primary only
+        assert store.acks.short == 1
+        old = sentinels.kill_master()
+    finally:
+        for r in replicas:
+            assert r.proc is not None
+            r.proc.send_signal(signal.SIGCONT)
+    new = sentinels.wait_failover(old.port)
+    sentinels._wait(
+        lambda: any(
+            sentinels.admin(r.port).info("replication").get("master_port") == new for r in replicas if r.port != new
+        ),
+        "a replica to follow the promoted one",
+    )
+    assert sentinels.admin(new).hget(store.keys.meta(sid), "version") == "2", "the tools step was lost"
+    sentinels._wait(lambda: store.acks.waiting, "writes to wait for replicas again")
+    start(store)  # the worker's next write, on another session, acknowledged by a replica
+    rewound = store.rewound_sessions()
+    assert rewound.unacknowledged == 1 and sid in rewound.sessions, rewound
+
+
 def test_a_write_to_a_master_the_sentinels_replaced_goes_to_the_promoted_one(
     sentinels: SentinelSet, prefix: str
 ) -> None:

@@ -1,7 +1,9 @@
 """Writes that wait for replicas (store/replication.py) on the real Redis, which has none here: a
 write no replica acknowledged stands and writes rest, unless the sentinels name another master
 (the write goes again, at most three times, answering with its first reply) or see a failover
-under way (again every pause, until the time given to a failover has passed: then it stands)."""
+under way (again every pause, until the time given to a failover has passed: then it stands).
+The sessions written while no replica acknowledged are checked at the next acknowledged write: one
+stored lower than this process wrote it is recorded rewound."""
 
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ import pytest
 from celery_agents.errors import RedisUnavailable
 from celery_agents.store import Store, replication
 from celery_agents.store.replication import MASTER, REPLACED, SETTLE_S, UNSETTLED, ReplicaAcks
-from tests.store.scenario import start
+from tests.scheduler.fakes import ScriptedLlm, llm_turn
+from tests.store.scenario import start, step
 
 
 def acks_saying(store: Store, verdict: str, asked: list[Any]) -> ReplicaAcks:
@@ -56,3 +59,37 @@ def test_a_write_during_a_failover_goes_again_until_the_failover_had_its_time(
     assert acks.moved >= 2 and acks.short == 1 and len(asked) == acks.moved + 1
     assert not acks.waiting, "then it stood: writes rest"
     assert store.header(sid).status == "cancelled"
+
+
+def test_sessions_written_unacknowledged_are_handed_back_by_the_next_acknowledged_write() -> None:
+    acks = ReplicaAcks(1, rest_s=0.0)
+    first = acks.begin()
+    acks.answered(0)  # short: stands
+    assert acks.settle("s1", first) == []
+    second = acks.begin()
+    acks.unwaited()  # made while writes rest
+    assert acks.settle("s2", second) == []
+    third = acks.begin()
+    late = acks.begin()  # begun before the acknowledged one, finished after it
+    acks.answered(1)
+    assert acks.settle("s3", third) == ["s1", "s2"]
+    acks.answered(0)
+    assert acks.settle("s4", late) == []
+    fourth = acks.begin()
+    acks.answered(1)
+    assert acks.settle("s5", fourth) == ["s4"]
+    assert acks.settle("s6", acks.begin()) == [], "a write that waited on nothing (no WAIT) settles nothing"
+
+
+def test_a_session_found_lower_than_this_process_wrote_it_is_recorded_rewound(store: Store) -> None:
+    sid = start(store)
+    step(store, sid, ScriptedLlm(llm_turn(("c1", "sync_a", "{}"))))
+    other = start(store)
+    step(store, other, ScriptedLlm(llm_turn(text="done")))
+    assert store.header(sid).version == 2
+    store.client.hset(store.keys.meta(sid), "version", 1)  # what a failover that lost the step leaves
+    store._check_unconfirmed([sid, other])
+    rewound = store.rewound_sessions()
+    assert list(rewound.sessions) == [sid]
+    assert rewound.sessions[sid]["seen_version"] == 2 and rewound.sessions[sid]["stored_version"] == 1
+    assert sid not in store._turn_cache, "its cached turns are dropped: the next step reads the stored ones"
