@@ -45,6 +45,21 @@ def sentinels(tmp_path: Path) -> Iterator[SentinelSet]:
     s.stop()
 
 
+def short_writes(workers: list[Worker]) -> int:
+    """Writes the workers logged as short of their replicas (each a loss a failover may cause)."""
+    return sum(w.log.read_text().count("replica(s) acknowledged a write") for w in workers if w.log)
+
+
+def lost_writes(workers: list[Worker], store: Any) -> str:
+    """What a failure of the exact counts comes with: the writes that stood without a replica and
+    the sessions found rewound (what asynchronous replication lost, and who noticed)."""
+    rewound = store.rewound_sessions(limit=5)
+    return (
+        f"{short_writes(workers)} write(s) short of their replicas in the worker logs; "
+        f"{rewound.count} session(s) recorded rewound, e.g. {rewound.sessions}"
+    )
+
+
 def test_every_session_completes_once_through_a_failover_under_load(
     sentinels: SentinelSet, prefix: str, llm_server: LlmServer, write_agent: Any, tmp_path: Path
 ) -> None:
@@ -96,7 +111,8 @@ def test_every_session_completes_once_through_a_failover_under_load(
                 h = store.header(sid)
                 # model, runSync tool, model, runAsync dispatched, its result folded in and the model
                 assert h.steps == 5 and (h.spent.model_calls, h.spent.tool_calls) == (3, 2)
-            assert model.per_session == Counter({f"session {i}": MODEL_CALLS_PER_SESSION for i in range(SESSIONS)})
+            expected = Counter({f"session {i}": MODEL_CALLS_PER_SESSION for i in range(SESSIONS)})
+            assert model.per_session == expected, lost_writes(workers, store)
             for tool in ("effect_sync", "effect_async"):
                 started = runs(log, tool, phase="start")
                 assert len(started) == SESSIONS, f"{tool} ran {len(started)} times for {SESSIONS} sessions"
@@ -108,7 +124,7 @@ def test_every_session_completes_once_through_a_failover_under_load(
     finally:
         stop_all(workers)
         admin.close()
-    short = sum(w.log.read_text().count("replica(s) acknowledged a write") for w in workers if w.log)
+    short = short_writes(workers)
     report(
         "sentinel failover under load",
         sessions=SESSIONS,
