@@ -91,7 +91,7 @@ def run_call(store: Store, session_id: str, field: str, tools: ToolPort, owner: 
         finished = _record(store, session_id, field, call, outcome, started, decided, counts=tally.counts)
         return CallRun(status=finished.status, finished=finished, call=call)
     finally:
-        lease.let_go()
+        store.let_go(lease)
 
 
 def _refuse(store: Store, session_id: str, field: str, call: TrackedCall, lane: Lane, why: str) -> CallRun:

@@ -234,8 +234,13 @@ class StoreCore:
         return Lock(self.client, key, timeout=seconds, thread_local=False)
 
     def acquire(self, lock: Lock, token: str) -> bool:
-        """Take `lock` for `token` now, without waiting. The client retries a SET whose reply was
-        lost: that retry finds the lock already `token`'s, which is taking it, not a refusal."""
+        """Take `lock` for `token` now, without waiting for it to be free (through a moment of
+        Redis away, as every call of this store that may be sent twice). The client retries a SET
+        whose reply was lost: that retry finds the lock already `token`'s, which is taking it, not
+        a refusal."""
+        return self.through_outage(lambda: self._acquire(lock, token))
+
+    def _acquire(self, lock: Lock, token: str) -> bool:
         if lock.acquire(blocking=False, token=token):
             return True
         if self.client.get(lock.name) != token:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -70,6 +71,8 @@ class CallLedger:
     keys: Keys
     settings: Settings
     acks: ReplicaAcks
+    #: StoreCore's: sends what may be sent twice through a moment of Redis away
+    through_outage: Callable[..., Any]
 
     def call_to_run(self, session_id: str, field: str) -> CallToRun | None:
         """The call at `field` and its session's state, in one round trip (two for a deferred call:
@@ -79,7 +82,7 @@ class CallLedger:
         pipe.hget(k.calls(session_id), field)
         pipe.hexists(k.pending(session_id), field)
         pipe.hmget(k.meta(session_id), ["agent_hash", "status", "grants"])
-        raw, is_pending, (agent_hash, status, grants) = pipe.execute()
+        raw, is_pending, (agent_hash, status, grants) = self.through_outage(pipe.execute)
         if raw is None or agent_hash is None:
             return None
         call = TrackedCall.model_validate_json(raw)
@@ -122,6 +125,11 @@ class CallLedger:
         due_ms = int((sec + usec / 1_000_000 + seconds) * 1000)
         self.client.zadd(self.keys.for_session(session_id).dispatched, {f"{session_id} {field}": due_ms}, xx=True)
 
+    def let_go(self, lease: CallLease) -> None:
+        """Release a call's lease if it is still ours, through a moment of Redis away (a lease
+        left held would keep the call from being taken over until it lapsed)."""
+        self.through_outage(lease.let_go)
+
     def call_lock(self, session_id: str, field: str) -> CallLease:
         """The call's lease: held by the one worker running it, renewed while it runs."""
         key = self.keys.call_lease(session_id, field)
@@ -131,6 +139,9 @@ class CallLedger:
         """Picked up: if the lease lapses before an outcome is recorded, this worker died. When
         writes wait for replicas, this one and the lease taken before it are on them before the
         call runs (a failover cannot hand the call to a second worker)."""
+        self.through_outage(lambda: self._mark_call_started(session_id, field, owner))
+
+    def _mark_call_started(self, session_id: str, field: str, owner: str) -> None:
         key = self.keys.call_started(session_id, field)
         if not self.acks.waiting:
             self.client.set(key, owner, ex=STARTED_TTL_S)

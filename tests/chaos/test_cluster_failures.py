@@ -171,7 +171,9 @@ def test_slots_migrated_while_sessions_run_lose_nothing(
             keys = cluster.migrate_slot(moved_slot, there)
             migrations.append((time.monotonic() - began, keys))
             there = target if there == source else source
-            stop.wait(0.1)
+            # Still for as long as it moved: a loaded machine made each move take long enough that
+            # the slot was moving nearly all the time, a step's script bounced for its whole 30 s.
+            stop.wait(max(0.1, migrations[-1][0]))
 
     try:
         for _ in range(2):

@@ -146,3 +146,41 @@ def test_a_pipeline_whose_connection_broke_mid_reply_is_sent_whole_once_redis_is
         reader.join(timeout=30)
     assert "error" not in done, repr(done.get("error"))
     assert list(done["limits"].limits) == ["team-a"]
+
+
+def test_a_dispatched_call_picked_up_while_redis_is_away_waits_for_it_and_runs_once(
+    server: RedisServer, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The worker that takes a dispatched call reads it, takes its lease and lets it go through
+    the same wait: a Redis away for a moment (restarted, a Cluster slot moving) costs the call a
+    pause, not its task (which left it to the sweeper)."""
+    from celery_agents.llm import LitellmPort
+    from celery_agents.model import UserQuery
+    from celery_agents.runtime import run_call, run_step
+    from celery_agents.tools import ToolRunner
+    from celery_agents.tools.resolve import load_agent_file
+
+    store = store_on(server, settings, outage_seconds=30)
+    demo = load_agent_file(Path(__file__).resolve().parents[2] / "examples" / "demo-agent.json")
+    sid = store.create_session(demo, UserQuery(text="What is the weather in Paris?"), drive="manual").session_id
+    llm, tools = LitellmPort(), ToolRunner()
+    run_step(store, sid, 1, llm=llm, tools=tools, owner="w")
+    field = run_step(store, sid, 2, llm=llm, tools=tools, owner="w").dispatch[0].field
+    caplog.set_level(logging.WARNING, logger="celery_agents.store")
+    server.stop(kill=True)
+    done: dict[str, Any] = {}
+
+    def take_it() -> None:
+        try:
+            done["run"] = run_call(store, sid, field, tools, "worker-a", "runAsync")
+        except BaseException as exc:
+            done["error"] = exc
+
+    taker = threading.Thread(target=take_it)
+    taker.start()
+    wait_for(lambda: "waiting up to 30 s" in caplog.text or done, what="the call's worker to find Redis away")
+    server.start()
+    taker.join(timeout=30)
+    assert "error" not in done, done.get("error")
+    assert done["run"].status == "ok"
+    assert not store.client.exists(store.keys.call_lease(sid, field)), "its lease let go"
