@@ -11,7 +11,7 @@ from celery_agents.errors import TOKEN_ERRORS, UnknownToken
 from celery_agents.model import CallState, CompletionOutcome, PendingCall, TrackedCall
 from celery_agents.model.admission import DEFAULT_PRIORITY
 from celery_agents.store.codec import merge_outcome, outcome_json, pending_view, token_message
-from celery_agents.store.core import StoreCore
+from celery_agents.store.core import UNREACHED, StoreCore
 from celery_agents.store.counters import Counts, counter_field, counts_json
 from celery_agents.store.ids import check_session_id, parse_token
 from celery_agents.store.keys import Keys
@@ -308,7 +308,8 @@ class CallStore(StoreCore):
         pipe = self.client.pipeline(transaction=False)
         for shard in self.keys.all_shards():
             pipe.zrangebyscore(getattr(shard, index), "-inf", int(now * 1000), start=0, num=limit, withscores=True)
-        rows = sorted((row for chunk in pipe.execute() for row in chunk), key=lambda r: r[1])
+        chunks = [c for c in self.in_reach(pipe) if c is not UNREACHED]  # a shard out of reach: next sweep
+        rows = sorted((row for chunk in chunks for row in chunk), key=lambda r: r[1])
         return [member for member, _ in rows[:limit]]
 
     def expire_due(self, now: float | None = None) -> list[tuple[str, Finished]]:

@@ -20,17 +20,27 @@ from celery_agents.config import Settings
 from celery_agents.errors import IncompatibleData, RedisUnavailable, UnknownSession, UntrustedSpec
 from celery_agents.model import AgentSpec, SessionHeader, TrackedCall
 from celery_agents.store.codec import unfinished_rows
-from celery_agents.store.connection import sentinel_verdict
+from celery_agents.store.connection import sentinel_verdict, translated
 from celery_agents.store.header import header_from_hash
 from celery_agents.store.ids import check_session_id
 from celery_agents.store.keys import Keys
-from celery_agents.store.outage import OutageWatch
+from celery_agents.store.outage import UNREACHABLE, OutageWatch
 from celery_agents.store.records import Transcript
 from celery_agents.store.replication import ReplicaAcks
 from celery_agents.store.scripts import Scripts
 from celery_agents.store.signing import spec_verifies
 
 log = logging.getLogger("celery_agents.store")
+
+
+class _Unreached:
+    """In `StoreCore.in_reach`'s replies: this command's node could not be reached."""
+
+    def __repr__(self) -> str:
+        return "UNREACHED"
+
+
+UNREACHED: Any = _Unreached()
 
 T = TypeVar("T")
 
@@ -133,6 +143,26 @@ class StoreCore:
             len(seen.turns),
         )
         self.client.hset(self.keys.for_session(session_id).rewound, session_id, json.dumps(record))
+
+    def in_reach(self, pipe: Any) -> list[Any]:
+        """`pipe`'s replies, its commands spread over several slots (the index shards, sessions of
+        several shards): a command whose node is out of reach this moment (on a Cluster, its slot
+        moving between primaries, its primary failing over) answers an `Unreached` in its place,
+        so that the rest go on (the sweeper sweeps that part next time); when every command is out
+        of reach, or one fails otherwise, it raises as `pipe.execute()` would."""
+        replies = cast("list[Any]", pipe.execute(raise_on_error=False))
+        failed = [r for r in replies if isinstance(r, redis.RedisError)]
+        if not failed:
+            return replies
+        if len(failed) == len(replies) or not all(isinstance(r, UNREACHABLE) for r in failed):
+            raise translated(failed[0])
+        log.warning(
+            "%s of %s commands could not reach their Redis node (%s): the others go on",
+            len(failed),
+            len(replies),
+            failed[0],
+        )
+        return [UNREACHED if isinstance(r, redis.RedisError) else r for r in replies]
 
     def through_outage(self, send: Callable[[], T], effect: bool = False) -> T:
         """`send()` (calls of this store's client that may be sent twice), waiting out an

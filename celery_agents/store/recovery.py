@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 
 from celery_agents.model import TrackedCall
 from celery_agents.model.recovery import Entry
+from celery_agents.store.core import UNREACHED
 from celery_agents.store.keys import Keys
 
 
@@ -28,6 +31,8 @@ class RecoveryReads:
 
     client: redis.Redis
     keys: Keys
+    #: StoreCore's: a pipeline's replies, those out of reach `UNREACHED`
+    in_reach: Callable[[Any], list[Any]]
 
     def anything_due(self, older_than: float) -> bool:
         """Some owed step or dispatched call is older than `older_than` (Redis time, seconds)."""
@@ -36,7 +41,7 @@ class RecoveryReads:
         for shard in self.keys.all_shards():
             pipe.zcount(shard.owed, "-inf", cutoff)
             pipe.zcount(shard.dispatched, "-inf", cutoff)
-        return any(pipe.execute())
+        return any(n for n in self.in_reach(pipe) if n is not UNREACHED)
 
     def _oldest(self, index: str, older_than: float, limit: int) -> list[tuple[str, float]]:
         """Members of every shard's `index` (a `Keys` property) scored up to `older_than`
@@ -46,7 +51,8 @@ class RecoveryReads:
             pipe.zrangebyscore(
                 getattr(shard, index), "-inf", int(older_than * 1000), start=0, num=limit, withscores=True
             )
-        rows = [(str(m), float(s)) for chunk in pipe.execute() for m, s in chunk]
+        chunks = [c for c in self.in_reach(pipe) if c is not UNREACHED]  # a shard out of reach: next sweep
+        rows = [(str(m), float(s)) for chunk in chunks for m, s in chunk]
         return sorted(rows, key=lambda r: r[1])[:limit] if self.keys.shards > 1 else rows
 
     def owed_due(self, older_than: float, limit: int = 200) -> list[tuple[str, float]]:
@@ -62,7 +68,8 @@ class RecoveryReads:
             pipe.hget(self.keys.calls(sid), field)
         return [
             DueCall(sid, field, score, _disposition(raw))
-            for (sid, field, score), raw in zip(members, pipe.execute(), strict=True)
+            for (sid, field, score), raw in zip(members, self.in_reach(pipe), strict=True)
+            if raw is not UNREACHED
         ]
 
     def due_entries(self, older_than: float, limit: int = 1000) -> list[Entry]:

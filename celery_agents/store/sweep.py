@@ -6,7 +6,7 @@ from typing import cast
 
 from celery_agents.model import TrackedCall
 from celery_agents.model.recovery import Recovery
-from celery_agents.store.core import StoreCore
+from celery_agents.store.core import UNREACHED, StoreCore
 from celery_agents.store.records import Swept
 
 
@@ -24,12 +24,14 @@ class SweepStore(StoreCore):
         pipe = self.client.pipeline(transaction=False)
         for shard in self.keys.all_shards():
             pipe.zrangebyscore(shard.owed, "-inf", int(older_than * 1000), start=0, num=limit, withscores=True)
-        rows = sorted((row for chunk in pipe.execute() for row in chunk), key=lambda r: r[1])
+        chunks = [c for c in self.in_reach(pipe) if c is not UNREACHED]
+        rows = sorted((row for chunk in chunks for row in chunk), key=lambda r: r[1])
         return [sid for sid, _ in rows[:limit]]
 
     def sweep_owed(self, candidates: list[tuple[str, bool]], now: float) -> list[Swept]:
         """Settle outbox entries atomically, each (session id, whether a step no worker picked up
-        counts as lost); one round trip. See `sweep_owed.lua`."""
+        counts as lost); one round trip; one out of reach (`in_reach`) is left for the next
+        sweep. See `sweep_owed.lua`."""
         pipe = self.client.pipeline(transaction=False)
         for sid, lost in candidates:
             self._run("sweep_owed", sid, ["1" if lost else "0"], now=now, pipe=pipe)
@@ -37,12 +39,14 @@ class SweepStore(StoreCore):
             Swept(sid, Recovery(res[0]), version=int(res[1]), priority=int(res[2]))
             if res[0] == Recovery.REPUBLISH
             else Swept(sid, Recovery(res[0]))
-            for (sid, _), res in zip(candidates, pipe.execute(), strict=True)
+            for (sid, _), res in zip(candidates, self.in_reach(pipe), strict=True)
+            if res is not UNREACHED
         ]
 
     def sweep_dispatched(self, candidates: list[tuple[str, str, bool]], now: float) -> list[Swept]:
         """Settle dispatched calls atomically, each (session id, field, whether a call no worker
-        started counts as lost); one round trip. See `sweep_dispatched.lua`."""
+        started counts as lost); one round trip; one out of reach (`in_reach`) is left for the
+        next sweep. See `sweep_dispatched.lua`."""
         pipe = self.client.pipeline(transaction=False)
         k = self.keys
         for sid, field, lost in candidates:
@@ -55,5 +59,6 @@ class SweepStore(StoreCore):
                 field=field,
                 call=TrackedCall.model_validate_json(res[1]) if res[0] == Recovery.REPUBLISH else None,
             )
-            for (sid, field, _), res in zip(candidates, pipe.execute(), strict=True)
+            for (sid, field, _), res in zip(candidates, self.in_reach(pipe), strict=True)
+            if res is not UNREACHED
         ]
