@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import time
 import urllib.request
 import uuid
@@ -28,16 +27,11 @@ from tests.e2e.conftest import wait_for
 from tests.support.llm_server import LlmServer, calls, text
 from tests.support.metrics import parse_metrics
 from tests.support.otlp import OtlpReceiver, ReceivedSpan
+from tests.support.ports import free_port
 from tests.support.workers import Worker, worker_env
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def scrape(port: int) -> dict[str, float]:

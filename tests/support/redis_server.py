@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -12,12 +11,7 @@ from pathlib import Path
 import redis
 
 from celery_agents.store.embedded import redis_server_binary
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.support.ports import free_port
 
 
 class RedisServer:

@@ -17,6 +17,7 @@ import pytest
 
 from celery_agents.model import AgentSpec, TrackedCall
 from celery_agents.tools.resolve import parse_agent
+from tests.support.ports import free_port
 
 SAMPLE = Path(__file__).with_name("sample_server.py")
 TIME_SERVER = [sys.executable, "-m", "mcp_server_time"]
@@ -43,12 +44,6 @@ def mcp_call(tool: str, arguments: dict[str, Any], call_id: str = "call_1") -> T
         position=0,
         disposition="runSync",
     )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="session")
