@@ -499,8 +499,8 @@ def _sentinel_client(url: SentinelUrl) -> redis.Redis:
 def sentinel_verdict(client: redis.Redis) -> Callable[[tuple[Any, Any]], str] | None:
     """For a client that follows Sentinel: what the sentinels say of a server (its address) that
     took a write no replica acknowledged: `MASTER` (it is the master, nothing under way),
-    `REPLACED` (they name another) or `UNSETTLED` (one sees the master down or a failover under
-    way). Every reachable sentinel is asked, and the newest configuration (the highest
+    `REPLACED` (they name another) or `UNSETTLED` (one holds the master down by the quorum's word,
+    or a failover under way). Every reachable sentinel is asked, and the newest configuration (the highest
     `config-epoch`) is believed: right after a failover one may still name the old master. When
     it names another, the sentinel that knows goes first in redis-py's list and the pool is
     pointed at that master, dropping its idle connections to the old one (`get_master_address`).
@@ -538,8 +538,10 @@ def sentinel_verdict(client: redis.Redis) -> Callable[[tuple[Any, Any]], str] | 
     return verdict
 
 
-#: a sentinel's flags for a master that is not settled: seen down, or being replaced
-_UNSETTLED_FLAGS = frozenset({"s_down", "o_down", "failover_in_progress"})
+#: a sentinel's flags for a master that is not settled: down by the quorum's word, or being
+#: replaced (not `s_down`, one sentinel's own view: a sentinel cut off from a healthy master
+#: would make every write short of its replicas wait)
+_UNSETTLED_FLAGS = frozenset({"o_down", "failover_in_progress"})
 
 
 def state_url(settings: Settings) -> str:

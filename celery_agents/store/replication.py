@@ -17,8 +17,8 @@ that froze (or was cut off) long enough for a replica to be promoted, then ran a
 the sentinels turn it into a replica, takes writes on the connections clients kept, with no
 replica left to acknowledge them. On Sentinel the store then asks the sentinels which server is
 the master; when they name another, the pool drops its connections to the old one and the write
-is sent again (`MasterMoved`), to the master they name. When a sentinel sees the master down or a
-failover under way, the write is sent again every `SETTLE_S` for up to `SETTLE_FOR_S` (then it
+is sent again (`MasterMoved`), to the master they name. When a sentinel holds the master down (the
+quorum's `o_down`) or a failover under way, the write is sent again every `SETTLE_S` for up to `SETTLE_FOR_S` (then it
 stands): the server that took it may be the one being replaced.
 
 When fewer replicas answer within `TIMEOUT_MS` (replicas down or far behind), the write stands
