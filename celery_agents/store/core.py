@@ -111,16 +111,15 @@ class StoreCore:
         pipe = self.client.pipeline(transaction=False)
         for sid in seen:
             pipe.hgetall(self.keys.meta(sid))
-        try:
+        try:  # the write that asked succeeded: whatever happens here is not its failure
             rows = cast("list[dict[str, str]]", pipe.execute())
-        except RedisUnavailable as exc:
+            for (sid, transcript), data in zip(seen.items(), rows, strict=True):
+                if data and (stored := header_from_hash(data, sid)).version < transcript.version:
+                    with self._turn_lock:
+                        self._turn_cache.pop(sid, None)
+                    self._went_back(sid, transcript, stored)
+        except redis.RedisError as exc:
             log.warning("could not check %s session(s) written while no replica acknowledged: %s", len(seen), exc)
-            return
-        for (sid, transcript), data in zip(seen.items(), rows, strict=True):
-            if data and (stored := header_from_hash(data, sid)).version < transcript.version:
-                self._went_back(sid, transcript, stored)
-                with self._turn_lock:
-                    self._turn_cache.pop(sid, None)
 
     def _went_back(self, session_id: str, seen: Transcript, stored: SessionHeader) -> None:
         """Redis lost writes this process had read (a replica promoted before it had them, a power

@@ -17,9 +17,9 @@ that froze (or was cut off) long enough for a replica to be promoted, then ran a
 the sentinels turn it into a replica, takes writes on the connections clients kept, with no
 replica left to acknowledge them. On Sentinel the store then asks the sentinels which server is
 the master; when they name another, the pool drops its connections to the old one and the write
-is sent again (`MasterMoved`), to the master they name. When a sentinel holds the master down (the
-quorum's `o_down`) or a failover under way, the write is sent again every `SETTLE_S` for up to `SETTLE_FOR_S` (then it
-stands): the server that took it may be the one being replaced.
+is sent again (`MasterMoved`), to the master they name. When a sentinel holds the master down
+(the quorum's `o_down`) or a failover under way, the write is sent again every `SETTLE_S` for up
+to `SETTLE_FOR_S` (then it stands): the server that took it may be the one being replaced.
 
 When fewer replicas answer within `TIMEOUT_MS` (replicas down or far behind), the write stands
 (the primary has it); that is logged, and for `REST_S` writes do not wait, so a deployment whose
@@ -99,6 +99,8 @@ class ReplicaAcks:
         #: writes sent again because the server that took them was no longer the master, or
         #: while a failover was under way
         self.moved = 0
+        #: until when a write held back by a failover under way is not logged again (monotonic)
+        self._told_until = 0.0
         #: this thread's last write: whether replicas acknowledged it (None: not a waited write)
         self._local = threading.local()
         self._order = itertools.count(1)
@@ -132,8 +134,14 @@ class ReplicaAcks:
         if verdict == REPLACED or (verdict == UNSETTLED and settle):
             with self._lock:
                 self.moved += 1
+                # Sent again every SETTLE_S by every waiting thread: said once in a while.
+                quiet = verdict == UNSETTLED and time.monotonic() < self._told_until
+                if verdict == UNSETTLED and not quiet:
+                    self._told_until = time.monotonic() + self.rest_s
             where = f"{served_by[0]}:{served_by[1]}" if served_by else "?"
             why = "no longer the master" if verdict == REPLACED else "a master a failover may replace"
+            if quiet:
+                raise MasterMoved(f"{where} is {why}", unsettled=True)
             log.warning(
                 "%s of %s replica(s) acknowledged a write on %s, %s: the write goes again%s",
                 got,

@@ -11,9 +11,11 @@ import time
 from typing import Any
 
 import pytest
+import redis
 
 from celery_agents.errors import RedisUnavailable
 from celery_agents.store import Store, replication
+from celery_agents.store.connection import translated
 from celery_agents.store.replication import MASTER, REPLACED, SETTLE_S, UNSETTLED, ReplicaAcks
 from tests.scheduler.fakes import ScriptedLlm, llm_turn
 from tests.store.scenario import start, step
@@ -93,3 +95,20 @@ def test_a_session_found_lower_than_this_process_wrote_it_is_recorded_rewound(st
     assert list(rewound.sessions) == [sid]
     assert rewound.sessions[sid]["seen_version"] == 2 and rewound.sessions[sid]["stored_version"] == 1
     assert sid not in store._turn_cache, "its cached turns are dropped: the next step reads the stored ones"
+
+
+def test_a_check_that_cannot_read_says_so_and_leaves_the_write_alone(
+    store: Store, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    sid = start(store)
+    step(store, sid, ScriptedLlm(llm_turn(("c1", "sync_a", "{}"))))
+
+    class Refusing:
+        def hgetall(self, key: str) -> None: ...
+
+        def execute(self) -> list[Any]:
+            raise translated(redis.ResponseError("LOADING Redis is loading the dataset in memory"))
+
+    monkeypatch.setattr(store.client, "pipeline", lambda transaction=True: Refusing())
+    store._check_unconfirmed([sid])  # the write that asked went through: nothing is raised to it
+    assert "could not check 1 session(s)" in caplog.text
