@@ -21,6 +21,7 @@ from tests.chaos.conftest import report
 from tests.chaos.invariants import check_invariants
 from tests.scheduler.fakes import ScriptedLlm, llm_turn
 from tests.store.scenario import begin, start, step
+from tests.support.redis_server import RedisServer
 from tests.support.sentinel import MASTER, SentinelSet
 
 pytestmark = pytest.mark.slow
@@ -44,6 +45,28 @@ def doctor_check(sentinels: SentinelSet, prefix: str, home: Path, name: str) -> 
     with Client(settings, inline=True) as client:
         (found,) = [c for c in client.doctor()["checks"] if c["name"] == name]
     return found
+
+
+def lose_the_next_step(sentinels: SentinelSet, store: Store, sid: str) -> RedisServer:
+    """Step `sid` once (the model asks for a tool), then commit the tools step with both replicas
+    frozen and cut off, so that it stands on the primary alone, and SIGKILL the primary: the
+    step is lost with it. Returns the killed primary; the replicas run again."""
+    step(store, sid, ScriptedLlm(llm_turn(("c1", "sync_a", "{}"))))
+    replicas = [s for s in sentinels.servers if s.port != sentinels.master_port()]
+    for r in replicas:
+        assert r.proc is not None
+        r.proc.send_signal(signal.SIGSTOP)
+    primary = sentinels.admin(sentinels.master_port() or 0)
+    try:
+        # Cut off too, or they would read the commit from their sockets once they run again.
+        primary.client_kill_filter(_type="replica")
+        step(store, sid)  # the tools step: committed on the primary only
+        assert store.acks.short == 1, "the commit said no replica had it"
+        return sentinels.kill_master()
+    finally:
+        for r in replicas:
+            assert r.proc is not None
+            r.proc.send_signal(signal.SIGCONT)
 
 
 def test_a_store_follows_the_master_through_a_failover_and_loads_its_scripts_there(
@@ -122,22 +145,7 @@ def test_a_write_no_replica_acknowledged_may_be_lost_and_is_found_rewound(
     an operator acknowledges it."""
     store = worker_store(sentinels, prefix)
     sid = start(store)
-    step(store, sid, ScriptedLlm(llm_turn(("c1", "sync_a", "{}"))))
-    replicas = [s for s in sentinels.servers if s.port != sentinels.master_port()]
-    for r in replicas:
-        assert r.proc is not None
-        r.proc.send_signal(signal.SIGSTOP)
-    primary = sentinels.admin(sentinels.master_port() or 0)
-    try:
-        # Cut off too, or they would read the commit from their sockets once they run again.
-        primary.client_kill_filter(_type="replica")
-        step(store, sid)  # the tools step: committed on the primary only
-        assert store.acks.short == 1, "the commit said no replica had it"
-        old = sentinels.kill_master()
-    finally:
-        for r in replicas:
-            assert r.proc is not None
-            r.proc.send_signal(signal.SIGCONT)
+    old = lose_the_next_step(sentinels, store, sid)
     sentinels.wait_failover(old.port)
     assert store.header(sid).version == 2, "the promoted replica never had the tools step"
     begin(store, sid, "w2")  # the worker that cached version 3 reads the session again
@@ -156,25 +164,13 @@ def test_a_lost_write_is_found_by_its_writer_without_reading_its_session_again(
     store = worker_store(sentinels, prefix)
     store.acks.rest_s = 0.5  # writes wait again soon after one fell short
     sid = start(store)
-    step(store, sid, ScriptedLlm(llm_turn(("c1", "sync_a", "{}"))))
-    replicas = [s for s in sentinels.servers if s.port != sentinels.master_port()]
-    for r in replicas:
-        assert r.proc is not None
-        r.proc.send_signal(signal.SIGSTOP)
-    primary = sentinels.admin(sentinels.master_port() or 0)
-    try:
-        primary.client_kill_filter(_type="replica")
-        step(store, sid)  # the tools step: begun, then committed without waiting, on the primary only
-        assert store.acks.short == 1
-        old = sentinels.kill_master()
-    finally:
-        for r in replicas:
-            assert r.proc is not None
-            r.proc.send_signal(signal.SIGCONT)
+    old = lose_the_next_step(sentinels, store, sid)
     new = sentinels.wait_failover(old.port)
     sentinels._wait(
         lambda: any(
-            sentinels.admin(r.port).info("replication").get("master_port") == new for r in replicas if r.port != new
+            sentinels.admin(s.port).info("replication").get("master_port") == new
+            for s in sentinels.servers
+            if s.port not in (old.port, new)
         ),
         "a replica to follow the promoted one",
     )
