@@ -11,7 +11,7 @@ from celery_agents.errors import TOKEN_ERRORS, UnknownToken
 from celery_agents.model import CallState, CompletionOutcome, PendingCall, TrackedCall
 from celery_agents.model.admission import DEFAULT_PRIORITY
 from celery_agents.store.codec import merge_outcome, outcome_json, pending_view, token_message
-from celery_agents.store.core import UNREACHED, StoreCore
+from celery_agents.store.core import StoreCore
 from celery_agents.store.counters import Counts, counter_field, counts_json
 from celery_agents.store.ids import check_session_id, parse_token
 from celery_agents.store.keys import Keys
@@ -278,7 +278,7 @@ class CallStore(StoreCore):
     def warn_due(self, now: float, limit: int = 100) -> int:
         """Write `call_expiring` for each deferred call whose warning is due (the worker sweeper);
         how many were written."""
-        members = self._due("expiring", now, limit)
+        members = [m for m, _ in self.due("expiring", now, limit)]
         written = 0
         for member in members:
             sid, field = member.split(" ", 1)
@@ -294,23 +294,9 @@ class CallStore(StoreCore):
         return written
 
     def due_deadlines(self, now: float, limit: int = 100) -> list[tuple[str, str]]:
-        members = self._due("deadlines", now, limit)
+        members = [m for m, _ in self.due("deadlines", now, limit)]
         # Members are written "<session id> <field>" (store/lua/): each splits in two.
         return [cast("tuple[str, str]", tuple(m.split(" ", 1))) for m in members]
-
-    def _due(self, index: str, now: float, limit: int) -> list[str]:
-        """Members of every shard's `index` (a `Keys` property) due by `now`, soonest first."""
-        if self.keys.shards == 1:
-            return cast(
-                "list[str]",
-                self.client.zrangebyscore(getattr(self.keys, index), "-inf", int(now * 1000), start=0, num=limit),
-            )
-        pipe = self.client.pipeline(transaction=False)
-        for shard in self.keys.all_shards():
-            pipe.zrangebyscore(getattr(shard, index), "-inf", int(now * 1000), start=0, num=limit, withscores=True)
-        chunks = [c for c in self.in_reach(pipe) if c is not UNREACHED]  # a shard out of reach: next sweep
-        rows = sorted((row for chunk in chunks for row in chunk), key=lambda r: r[1])
-        return [member for member, _ in rows[:limit]]
 
     def expire_due(self, now: float | None = None) -> list[tuple[str, Finished]]:
         """Expire every deferred call whose deadline has passed (what the worker sweeper does);

@@ -163,6 +163,23 @@ class StoreCore:
         )
         return [UNREACHED if isinstance(r, redis.RedisError) else r for r in replies]
 
+    def due(self, index: str, upto: float, limit: int) -> list[tuple[str, float]]:
+        """Members of every shard's sorted set `index` (a `Keys` property: `owed`, `deadlines`...)
+        scored up to `upto` (seconds; the scores are ms), with their scores, lowest first, at most
+        `limit`; one round trip. A shard out of reach this moment (`in_reach`) is left for the
+        next sweep."""
+        cutoff = int(upto * 1000)
+        pipe = self.client.pipeline(transaction=False)
+        for shard in self.keys.all_shards():
+            pipe.zrangebyscore(getattr(shard, index), "-inf", cutoff, start=0, num=limit, withscores=True)
+        rows: list[tuple[str, float]] = [
+            (str(member), float(score))
+            for chunk in self.in_reach(pipe)
+            if chunk is not UNREACHED
+            for member, score in chunk
+        ]
+        return sorted(rows, key=lambda row: row[1])[:limit] if self.keys.shards > 1 else rows
+
     def through_outage(self, send: Callable[[], T], effect: bool = False) -> T:
         """`send()` (calls of this store's client that may be sent twice), waiting out an
         unreachable Redis for up to this store's bound (store/outage.py), then `RedisUnavailable`;

@@ -33,6 +33,8 @@ class RecoveryReads:
     keys: Keys
     #: StoreCore's: a pipeline's replies, those out of reach `UNREACHED`
     in_reach: Callable[[Any], list[Any]]
+    #: StoreCore's: the members of every shard's sorted set due by a time, with their scores
+    due: Callable[[str, float, int], list[tuple[str, float]]]
 
     def anything_due(self, older_than: float) -> bool:
         """Some owed step or dispatched call is older than `older_than` (Redis time, seconds)."""
@@ -43,25 +45,13 @@ class RecoveryReads:
             pipe.zcount(shard.dispatched, "-inf", cutoff)
         return any(n for n in self.in_reach(pipe) if n is not UNREACHED)
 
-    def _oldest(self, index: str, older_than: float, limit: int) -> list[tuple[str, float]]:
-        """Members of every shard's `index` (a `Keys` property) scored up to `older_than`
-        (seconds), with their scores, oldest first, at most `limit`; one round trip."""
-        pipe = self.client.pipeline(transaction=False)
-        for shard in self.keys.all_shards():
-            pipe.zrangebyscore(
-                getattr(shard, index), "-inf", int(older_than * 1000), start=0, num=limit, withscores=True
-            )
-        chunks = [c for c in self.in_reach(pipe) if c is not UNREACHED]  # a shard out of reach: next sweep
-        rows = [(str(m), float(s)) for chunk in chunks for m, s in chunk]
-        return sorted(rows, key=lambda r: r[1])[:limit] if self.keys.shards > 1 else rows
-
     def owed_due(self, older_than: float, limit: int = 200) -> list[tuple[str, float]]:
         """Owed steps older than `older_than`: (session id, committed ms), oldest first."""
-        return self._oldest("owed", older_than, limit)
+        return self.due("owed", older_than, limit)
 
     def dispatched_due(self, older_than: float, limit: int = 200) -> list[DueCall]:
         """Dispatched calls older than `older_than`, each with its disposition; two round trips."""
-        rows = self._oldest("dispatched", older_than, limit)
+        rows = self.due("dispatched", older_than, limit)
         members = [(*_member(m), score) for m, score in rows]
         pipe = self.client.pipeline(transaction=False)
         for sid, field, _ in members:
@@ -76,8 +66,8 @@ class RecoveryReads:
         """What is known of each owed step and dispatched call older than `older_than` (their
         messages' queues aside: `lost` is False); two round trips."""
         k = self.keys
-        owed = [sid for sid, _ in self._oldest("owed", older_than, limit)]
-        members = [m for m, _ in self._oldest("dispatched", older_than, limit)]
+        owed = [sid for sid, _ in self.due("owed", older_than, limit)]
+        members = [m for m, _ in self.due("dispatched", older_than, limit)]
         calls = [m.split(" ", 1) for m in members]
         pipe = self.client.pipeline(transaction=False)
         for sid in owed:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import cast
-
 from celery_agents.model import TrackedCall
 from celery_agents.model.recovery import Recovery
 from celery_agents.store.core import UNREACHED, StoreCore
@@ -14,19 +12,8 @@ class SweepStore(StoreCore):
     """The outbox and the dispatched calls, as the sweeper settles them."""
 
     def owed(self, older_than: float, limit: int = 200) -> list[str]:
-        if self.keys.shards == 1:
-            return list(
-                cast(
-                    "list[str]",
-                    self.client.zrangebyscore(self.keys.owed, "-inf", int(older_than * 1000), start=0, num=limit),
-                )
-            )
-        pipe = self.client.pipeline(transaction=False)
-        for shard in self.keys.all_shards():
-            pipe.zrangebyscore(shard.owed, "-inf", int(older_than * 1000), start=0, num=limit, withscores=True)
-        chunks = [c for c in self.in_reach(pipe) if c is not UNREACHED]
-        rows = sorted((row for chunk in chunks for row in chunk), key=lambda r: r[1])
-        return [sid for sid, _ in rows[:limit]]
+        """Sessions owed a step since before `older_than` (Redis time, seconds), oldest first."""
+        return [sid for sid, _ in self.due("owed", older_than, limit)]
 
     def sweep_owed(self, candidates: list[tuple[str, bool]], now: float) -> list[Swept]:
         """Settle outbox entries atomically, each (session id, whether a step no worker picked up
