@@ -22,6 +22,8 @@ from __future__ import annotations
 import contextlib
 import ssl
 import sys
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -496,6 +498,11 @@ def _sentinel_client(url: SentinelUrl) -> redis.Redis:
     return master
 
 
+#: how long the sentinels' word on a server stands once heard: the writes of many threads that fall
+#: short of their replicas at once (a failover, a split brain) ask them once, not each, at each send
+VERDICT_SECONDS = 0.2
+
+
 def sentinel_verdict(client: redis.Redis) -> Callable[[tuple[Any, Any]], str] | None:
     """For a client that follows Sentinel: what the sentinels say of a server (its address) that
     took a write no replica acknowledged: `MASTER` (it is the master, nothing under way),
@@ -504,13 +511,17 @@ def sentinel_verdict(client: redis.Redis) -> Callable[[tuple[Any, Any]], str] | 
     `config-epoch`) is believed: right after a failover one may still name the old master. When
     it names another, the sentinel that knows goes first in redis-py's list and the pool is
     pointed at that master, dropping its idle connections to the old one (`get_master_address`).
-    Sentinels that cannot say leave the answer `MASTER`. None for any other client."""
+    Sentinels that cannot say leave the answer `MASTER`. One thread asks at a time; an answer
+    serves every write on that server for `VERDICT_SECONDS` after it came. None for any other
+    client."""
     pool = getattr(client, "connection_pool", None)
     if not isinstance(pool, SentinelConnectionPool) or not pool.is_master:
         return None
     manager, service = pool.sentinel_manager, pool.service_name
+    asking = threading.Lock()
+    heard: dict[tuple[str, int], tuple[float, str]] = {}
 
-    def verdict(address: tuple[Any, Any]) -> str:
+    def ask(server: tuple[str, int]) -> str:
         newest: tuple[int, int, tuple[str, int]] | None = None
         unsettled = False
         for index, sentinel in enumerate(list(manager.sentinels)):
@@ -526,7 +537,7 @@ def sentinel_verdict(client: redis.Redis) -> Callable[[tuple[Any, Any]], str] | 
             epoch = int(state.get("config-epoch", 0))
             if newest is None or epoch > newest[0]:
                 newest = (epoch, index, (str(state["ip"]), int(state["port"])))
-        if newest is None or newest[2] == (str(address[0]), int(address[1] or 0)):
+        if newest is None or newest[2] == server:
             return UNSETTLED if unsettled else MASTER
         sentinels = manager.sentinels
         if newest[1] < len(sentinels):  # asked first from now on, as redis-py does with the one that answers
@@ -534,6 +545,19 @@ def sentinel_verdict(client: redis.Redis) -> Callable[[tuple[Any, Any]], str] | 
         with contextlib.suppress(redis.RedisError):
             pool.get_master_address()  # type: ignore[no-untyped-call]
         return REPLACED
+
+    def verdict(address: tuple[Any, Any]) -> str:
+        server = (str(address[0]), int(address[1] or 0))
+        with asking:  # those waiting meanwhile take the answer it brings
+            said = heard.get(server)
+            if said is not None and time.monotonic() - said[0] < VERDICT_SECONDS:
+                return said[1]
+            answer = ask(server)
+            now = time.monotonic()
+            for stale in [s for s, (at, _) in heard.items() if now - at >= VERDICT_SECONDS]:
+                del heard[stale]
+            heard[server] = (now, answer)
+            return answer
 
     return verdict
 

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -271,3 +272,51 @@ def test_a_write_while_the_sentinels_replace_its_master_waits_and_goes_to_the_pr
         assert waited > 0, "the step waited on the failover"
     finally:
         sentinels.stop()
+
+
+def count_questions(store: Store, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list whose length is the number of `SENTINEL MASTERS` the store sends from now on (a
+    sentinel's INFO has no command statistics)."""
+    asked: list[int] = []
+    for sentinel in store.client.connection_pool.sentinel_manager.sentinels:  # type: ignore[attr-defined]
+
+        def masters(ask: Any = sentinel.sentinel_masters) -> Any:
+            asked.append(1)
+            return ask()
+
+        monkeypatch.setattr(sentinel, "sentinel_masters", masters)
+    return asked
+
+
+def test_writes_short_of_their_replicas_at_once_ask_the_sentinels_once(
+    sentinels: SentinelSet, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Forty threads whose writes no replica acknowledged ask what the sentinels say of the
+    primary at the same moment (as a steps process's threads do in a failover, each again at
+    every send): the sentinels are asked once, and every thread gets their answer. An answer
+    older than `VERDICT_SECONDS` is not taken: the next write asks again."""
+    from celery_agents.store import connection
+    from celery_agents.store.replication import MASTER
+
+    store = worker_store(sentinels, prefix)
+    verdict = store.acks.sentinels
+    assert verdict is not None
+    primary = ("127.0.0.1", sentinels.master_port())
+    asked = count_questions(store, monkeypatch)
+    gate = threading.Barrier(40)
+    answers: list[str] = []
+
+    def write_fell_short() -> None:
+        gate.wait()
+        answers.append(verdict(primary))
+
+    threads = [threading.Thread(target=write_fell_short) for _ in range(40)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert answers == [MASTER] * 40
+    assert len(asked) == len(sentinels.sentinel_ports), "one round of questions"
+    monkeypatch.setattr(connection, "VERDICT_SECONDS", 0.0)
+    assert verdict(primary) == MASTER
+    assert len(asked) == 2 * len(sentinels.sentinel_ports), "asked again"
