@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import ssl
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -29,23 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 from urllib.parse import parse_qsl, quote, unquote
 
+from celery_agents.redis_import import import_redis
 
-def _import_redis() -> None:
-    """Import redis-py with OpenTelemetry out of its sight. redis-py 8 imports OpenTelemetry's
-    metrics API and SDK when they are installed (extra `otel`), for client metrics that stay off
-    unless a program turns them on, which celery-agents never does; that import was ~40% of a CLI
-    start (`agents session pending`). Hidden only while redis-py loads: tracing, if on, imports
-    OpenTelemetry afterwards as usual."""
-    if "redis" in sys.modules or "opentelemetry" in sys.modules:
-        return
-    sys.modules["opentelemetry"] = None  # type: ignore[assignment]  # an import of it raises ImportError
-    try:
-        import redis  # noqa: F401
-    finally:
-        del sys.modules["opentelemetry"]
-
-
-_import_redis()
+import_redis()  # without OpenTelemetry (celery_agents/redis_import.py)
 
 import redis  # noqa: E402
 import redis.client  # noqa: E402
