@@ -426,13 +426,20 @@ class Client:
         grant: Budget | None = None,
     ) -> SessionView:
         """Drive the session (auto) until it completes, fails, or only external work remains;
-        `grant` raises its budget's limits first (a session stopped by one goes on)."""
+        `grant` raises its budget's limits first (a session stopped by one goes on). A session
+        that completed already (a worker finished it after a completion woke it) is its view:
+        nothing is left to drive. A cancelled one raises `SessionNotAdvanceable`."""
         session_id = self.resolve(session_id)
         store = self.store
         self.catch_up()
         after = store.last_event_id(session_id)
         header = store.header(session_id)
-        version, owed = store.set_drive(session_id, "auto", grant, header)
+        try:
+            version, owed = store.set_drive(session_id, "auto", grant, header)
+        except SessionNotAdvanceable as exc:
+            if exc.details.get("status") != "completed":
+                raise
+            return self.view(session_id)
         self.driver.drive(
             session_id,
             version,

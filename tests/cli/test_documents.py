@@ -45,11 +45,13 @@ def flow(llm_server: LlmServer, qenv: dict[str, str], tmp_path_factory: pytest.T
     result.write_text('{"approved": true}')
     r["complete"] = agents("session", "complete", token, result, "--json", env=qenv)
     r["resume"] = agents("session", "resume", sid, "--json", env=qenv)
+    r["resume_again"] = agents("session", "resume", sid, "--json", env=qenv)
     r["run_isolated"] = agents("session", "run-isolated", sid, "--json", env=qenv)
     r["logs"] = agents("session", "logs", sid, "--json", env=qenv)
     r["show_human"] = agents("session", "show", sid, env=qenv)
     other = ok(agents("session", "start", "--agent-file", agent, "-p", "to cancel", "--json", env=qenv))
     r["cancel"] = agents("session", "cancel", other["session_id"], "--json", env=qenv)
+    r["resume_cancelled"] = agents("session", "resume", other["session_id"], "--json", env=qenv)
     answer = llm_server.scenario([text("straight answer")])
     plain, _ = write_probe_agent(folder, answer, llm_server.url, name="plain.json")
     r["run"] = agents("run", "--agent-file", plain, "-p", "just answer", "--json", env=qenv)
@@ -113,6 +115,17 @@ def test_resume_runs_the_session_to_its_answer(flow: dict[str, Any]) -> None:
     v = check_view(ok(flow["resume"]))
     assert (v["state"], v["head"], v["response"], v["pending"]) == ("completed", "LlmTurn", "all done", [])
     assert check_view(ok(flow["run_isolated"]))["state"] == "completed"
+
+
+def test_resuming_a_completed_session_is_its_view_a_cancelled_one_a_conflict(flow: dict[str, Any]) -> None:
+    """A program that completes a call and resumes finds the session done when a worker finished
+    it first: nothing is left to drive, and that is a success (exit 0, the view). A cancelled
+    session cannot go on: exit 5."""
+    again = check_view(ok(flow["resume_again"]))
+    assert (again["state"], again["response"]) == ("completed", "all done")
+    refused = flow["resume_cancelled"]
+    assert refused.returncode == 5, refused.stdout + refused.stderr
+    assert refused.doc["error"]["code"] == "session_not_advanceable"
 
 
 def test_cancel_and_run_are_views(flow: dict[str, Any]) -> None:
