@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import os
+import re
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from functools import cache
@@ -333,6 +334,9 @@ class Settings:
         """The settings of this environment (a variable set to the empty string counts as unset);
         `overrides` win over it. A value that does not fit is refused naming its variable."""
         values = {name: _parse(name, variable) for name, (variable, _) in variables().items() if _read(variable)}
+        for name, variable in (("redis_url", "AGENTS_REDIS_URL"), ("broker_url", "AGENTS_BROKER_URL")):
+            if values.get(name):
+                _check_url(variable, values[name])
         return cls(**{**values, **overrides})
 
     def replace(self, **changes: Any) -> Settings:
@@ -372,6 +376,39 @@ def _parse(name: str, variable: str) -> Any:
     except ValidationError as exc:
         why = "; ".join(e["msg"] for e in exc.errors())
         raise ValueError(f"environment variable {variable}={raw!r}: {why}") from None
+
+
+#: the schemes of a Redis URL for state: one server, Sentinel, Cluster (`rediss…`: TLS)
+STATE_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel", "redis+cluster", "rediss+cluster")
+
+
+def _check_url(variable: str, url: str) -> None:
+    """A Redis URL of `variable` that cannot be one, refused naming it (a broker URL of another
+    kind, `amqp://…`, is kombu's to judge)."""
+    from urllib.parse import urlsplit
+
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    why = ""
+    if variable == "AGENTS_REDIS_URL" and scheme not in STATE_SCHEMES:
+        why = f"not a Redis URL: it starts with one of {', '.join(s + '://' for s in STATE_SCHEMES)}"
+    elif scheme in ("redis", "rediss"):
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 - raises on a port that is not a number
+            if not parts.hostname:
+                why = "no host"
+        except ValueError as exc:
+            why = str(exc)
+    elif scheme.endswith(("+sentinel", "+cluster")):
+        from celery_agents.store.connection import is_cluster_url, parse_cluster_url, parse_sentinel_url
+
+        try:
+            parse_cluster_url(url) if is_cluster_url(url) else parse_sentinel_url(url)
+        except ValueError as exc:
+            why = str(exc)
+    if why:
+        shown = re.sub(r"//([^@/]*)@", "//***@", url)
+        raise ValueError(f"environment variable {variable}={shown!r}: {why}")
 
 
 #: fields whose value is the variable's text as it is (their annotations, as written, say so)

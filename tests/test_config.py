@@ -107,6 +107,44 @@ def test_a_value_that_does_not_fit_is_refused_naming_its_variable(monkeypatch: p
         Settings.from_env()
 
 
+@pytest.mark.parametrize(
+    ("variable", "url", "why"),
+    [
+        ("AGENTS_REDIS_URL", "127.0.0.1:6379", "not a Redis URL: it starts with one of redis://"),
+        ("AGENTS_REDIS_URL", "bogus://x", "not a Redis URL"),
+        ("AGENTS_REDIS_URL", "redis://:secret@127.0.0.1:notaport/0", r"\*\*\*@127.0.0.1:notaport/0'.*Port could not"),
+        ("AGENTS_REDIS_URL", "redis+sentinel://127.0.0.1:26379", "invalid Sentinel URL: no MASTER"),
+        ("AGENTS_REDIS_URL", "redis+cluster://", "Cluster"),
+        ("AGENTS_BROKER_URL", "redis://127.0.0.1:x", "Port could not"),
+        ("AGENTS_BROKER_URL", "redis+sentinel://", "invalid Sentinel URL"),
+    ],
+)
+def test_a_redis_url_that_cannot_be_one_is_refused_naming_its_variable(
+    monkeypatch: pytest.MonkeyPatch, variable: str, url: str, why: str
+) -> None:
+    """Not redis-py's error from deep inside the first command (a traceback in the CLI), and
+    never the password."""
+    monkeypatch.setenv(variable, url)
+    with pytest.raises(ValueError, match=f"{variable}=.*{why}") as refused:
+        Settings.from_env()
+    assert "secret" not in str(refused.value)
+
+
+def test_urls_of_every_documented_form_are_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    for url in (
+        "redis://127.0.0.1:6379/0",
+        "rediss://user:pw@host/1",
+        "redis://localhost",
+        "unix:///run/redis.sock?db=2",
+        "redis+sentinel://:pw@10.0.0.1:26379,10.0.0.2/mymaster/0",
+        "redis+cluster://10.0.0.1:7000,10.0.0.2:7001",
+    ):
+        monkeypatch.setenv("AGENTS_REDIS_URL", url)
+        assert Settings.from_env().redis_url == url
+    monkeypatch.setenv("AGENTS_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")
+    assert Settings.from_env().broker_url == "amqp://guest:guest@127.0.0.1:5672//"
+
+
 def test_only_exactly_1_allows_eviction_and_no_retention_is_kept_forever(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AGENTS_ALLOW_EVICTION", "yes")
     monkeypatch.setenv("AGENTS_RETENTION_DAYS", "-2")
