@@ -27,7 +27,14 @@ from typing import TYPE_CHECKING, Any
 
 from celery_agents.config import Settings
 from celery_agents.drivers import CeleryDriver, EventHook, InlineDriver, LocalRunners, Publisher, StepDriver
-from celery_agents.errors import InvalidInput, SessionNotAdvanceable, UnknownLimit, UnknownSession, UnknownToken
+from celery_agents.errors import (
+    AgentsError,
+    InvalidInput,
+    SessionNotAdvanceable,
+    UnknownLimit,
+    UnknownSession,
+    UnknownToken,
+)
 from celery_agents.model import (
     FINAL_EVENTS,
     AgentFile,
@@ -637,6 +644,33 @@ class Client:
                 self.store.cancel(session_id)
         self.store.delete_session(session_id, force=force)
         return session_id
+
+    def delete_all(self, session_ids: builtins.list[str], *, force: bool = False) -> builtins.list[str]:
+        """`delete` each of `session_ids`, all or none as far as can be known before: every id is
+        resolved and, without `force`, every session must be finished before the first goes. One
+        that a step or call still runs when its turn comes refuses the rest; its error names those
+        deleted before it (`details["deleted"]`). Returns the whole ids."""
+        ids = [self.resolve(sid) for sid in session_ids]
+        if not force:
+            for sid in ids:
+                header = self.store.header(sid)
+                if header.status.value == "active":
+                    raise SessionNotAdvanceable(
+                        f"session {sid} is still active ({header.state.value}): cancel it first (agents session "
+                        f"cancel {sid}) or delete with --force; nothing was deleted",
+                        session_id=sid,
+                        status="active",
+                    )
+        deleted: builtins.list[str] = []
+        for sid in ids:
+            try:
+                deleted.append(self.delete(sid, force=force))
+            except AgentsError as exc:
+                if deleted:
+                    exc.message += f" ({len(deleted)} deleted before it: {', '.join(deleted)})"
+                    exc.details["deleted"] = deleted
+                raise
+        return deleted
 
     def purge(self, states: builtins.list[str], older_than: float, limit: int | None = None) -> builtins.list[str]:
         """Delete sessions in `states` (completed, failed, cancelled) not updated for `older_than`

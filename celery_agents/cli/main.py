@@ -798,11 +798,12 @@ def session_delete(
     force: Annotated[bool, typer.Option("--force", help="Cancel an active session, then delete it.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Delete finished sessions: every key of each in Redis and its entries in every index."""
+    """Delete finished sessions: every key of each in Redis and its entries in every index. One
+    still active (without --force) or unknown refuses them all: nothing is deleted."""
     from celery_agents.cli.output import emit_json, out
 
     with _command(as_json) as client:
-        deleted = [client.delete(sid, force=force) for sid in session_ids]
+        deleted = client.delete_all(session_ids, force=force)
         if as_json:
             emit_json({"deleted": deleted})
         else:

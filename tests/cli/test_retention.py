@@ -80,6 +80,21 @@ def test_an_active_session_is_deleted_only_with_force(
     assert traces(cli_redis, cli_prefix, sid) == []
 
 
+def test_a_delete_of_several_that_refuses_one_deletes_none(probe: Path, qenv: dict[str, str]) -> None:
+    """A finished session named before an active one (or an unknown id) is not deleted when the
+    command is refused: a refused command changes nothing."""
+    done = finished_session(probe, qenv)
+    active = ok(agents("session", "start", "--agent-file", probe, "-p", "go", "--run", "--json", env=qenv))
+    err = check_error(
+        agents("session", "delete", done, active["session_id"], "--json", env=qenv), "session_not_advanceable"
+    )
+    assert "nothing was deleted" in err["message"]
+    check_error(agents("session", "delete", done, "f" * 32, "--json", env=qenv), "unknown_session")
+    assert ok(agents("session", "show", done, "--json", env=qenv))["state"] == "completed"
+    both = ok(agents("session", "delete", done, active["session_id"], "--force", "--json", env=qenv))
+    assert both == {"deleted": [done, active["session_id"]]}
+
+
 def test_purge_deletes_finished_sessions_older_than_the_age_given(
     probe: Path, qenv: dict[str, str], cli_redis: redis.Redis, cli_prefix: str
 ) -> None:
