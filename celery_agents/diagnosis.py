@@ -111,7 +111,7 @@ def diagnose(settings: Settings, store: Store, *, inline: bool, ack_rewound: boo
         *_redis_checks(settings, store),
         *_worker_checks(settings, workers, inline),
         *_queue_checks(settings, queues, workers, inline),
-        *_backlog_checks(settings, backlog, lapsed, bool(workers)),
+        *_backlog_checks(settings, backlog, lapsed, bool(workers), _stuck_here(store, settings, now, inline, workers)),
         _rewound_check(rewound),
         completions_check,
         _poison_check(backlog.poison, store.keys.poison),
@@ -256,9 +256,31 @@ def _queue_checks(
     return checks
 
 
-def _backlog_checks(settings: Settings, backlog: Backlog, lapsed: int, workers: bool) -> list[Check]:
-    """Work whose worker died, and owed steps waiting past the grace (fine while workers run)."""
+def _stuck_here(
+    store: Store, settings: Settings, now: float, inline: bool, workers: list[dict[str, Any]]
+) -> list[str] | None:
+    """Inline with no worker (the embedded default): the sessions whose owed steps wait, the
+    oldest few (nothing runs them but a command here); else None."""
+    if not inline or workers:
+        return None
+    return [sid for sid, _ in store.owed_due(now - settings.owed_grace, limit=3)]
+
+
+def _backlog_checks(
+    settings: Settings, backlog: Backlog, lapsed: int, workers: bool, here: list[str] | None = None
+) -> list[Check]:
+    """Work whose worker died, and owed steps waiting past the grace (fine while workers run).
+    `here`: inline with no worker, the sessions whose steps wait for a command here to run them
+    (a completion woke them): a warning that says how to go on, not a failure."""
     takeover = "" if not lapsed or workers else " — a worker takes them over once one runs"
+    detail = f"{backlog.owed} owed, {backlog.stuck} waiting longer than {settings.owed_grace:g} s"
+    if here is not None and backlog.stuck:
+        more = ", …" if backlog.stuck > len(here) else ""
+        detail += (
+            " — no worker runs here: continue each with `agents session resume ID` (or start `agents worker`): "
+            + ", ".join(here)
+            + more
+        )
     return [
         check(
             "leases",
@@ -268,8 +290,8 @@ def _backlog_checks(settings: Settings, backlog: Backlog, lapsed: int, workers: 
         check(
             "owed steps",
             backlog.stuck == 0 or workers,
-            f"{backlog.owed} owed, {backlog.stuck} waiting longer than {settings.owed_grace:g} s",
-            failure="error",
+            detail,
+            failure="warning" if here is not None else "error",
         ),
     ]
 
