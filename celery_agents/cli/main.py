@@ -59,7 +59,13 @@ _ARGV: list[str] = []
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print exactly one JSON document on stdout.")]
 WaitOpt = Annotated[bool, typer.Option("--wait/--no-wait", help="Wait for the outcome, or return once enqueued.")]
 TimeoutOpt = Annotated[
-    float | None, typer.Option("--timeout", help="Stop waiting after SECONDS (exit 4; the work goes on).", min=0)
+    float | None,
+    typer.Option(
+        "--timeout",
+        help="Stop waiting for the workers after SECONDS (exit 4; the work goes on). Inline, this process runs "
+        "the steps to their end.",
+        min=0,
+    ),
 ]
 InlineOpt = Annotated[bool, typer.Option("--inline", help="Run steps in this process instead of on the workers.")]
 StepOpt = Annotated[bool, typer.Option("--step", help="Also run one step.")]
@@ -218,6 +224,15 @@ def _progress(as_json: bool, client: Any) -> Any:
         found: dict[str, str] = client.tokens(session_id)
         return found
 
+    if client.inline and "--timeout" in _ARGV:
+        from celery_agents.cli.output import err
+
+        err.print(
+            "note: --timeout bounds the wait for workers; here this process runs the steps to their end "
+            "(Ctrl-C pauses the session)",
+            markup=False,
+            highlight=False,
+        )
     # The answer streams to stdout on a terminal; with --json or into a pipe it is printed once, whole.
     stream = not as_json and sys.stdout.isatty()
     return Progress(lines=not as_json, tokens=tokens, queued=not client.inline, stream=stream)

@@ -214,9 +214,10 @@ def test_session_not_advanceable(probe: Path, qenv: dict[str, str], tmp_path: Pa
     with unchanged:
         for command in ("step", "resume", "pause", "cancel"):
             check_error(agents("session", command, cancelled, "--json", env=qenv), "session_not_advanceable")
-        for command in ("step", "resume"):
-            check_error(agents("session", command, completed, "--json", env=qenv), "session_not_advanceable")
+        check_error(agents("session", "step", completed, "--json", env=qenv), "session_not_advanceable")
         check_error(agents("session", "step", completed, "--inline", "--json", env=qenv), "session_not_advanceable")
+        # Nothing is left to drive: resume is the completed session's view, and changes nothing.
+        assert ok(agents("session", "resume", completed, "--json", env=qenv))["state"] == "completed"
 
 
 def test_a_session_that_fails_exits_5_with_its_view(
@@ -269,3 +270,15 @@ def test_wait_timeout(redis_url: str, cli_redis: redis.Redis, probe: Path) -> No
     assert depth(cli_redis, f"{prefix}:celery:") == 1
     run = agents("run", "--agent-file", probe, "-p", "hi", "--timeout", "0.5", "--json", env=env)
     check_error(run, "wait_timeout")
+
+
+def test_a_timeout_inline_says_that_this_process_runs_the_steps_to_their_end(tmp_path: Path) -> None:
+    """--timeout bounds the wait for workers; inline nothing else would run the steps, so it is not
+    applied, and the command says so instead of ignoring it silently."""
+    env = cli_env(None, "agents", home=tmp_path / "home")
+    demo = Path(__file__).resolve().parents[2] / "examples" / "demo-agent.json"
+    run = agents("session", "start", "--agent-file", demo, "-p", "hi", "--run", "--timeout", "5", "--json", env=env)
+    assert ok(run)["state"] in ("completed", "waiting")
+    assert "--timeout bounds the wait for workers; here this process runs the steps" in run.stderr
+    quiet = agents("session", "start", "--agent-file", demo, "-p", "hi", "--run", "--json", env=env)
+    assert "--timeout" not in quiet.stderr
