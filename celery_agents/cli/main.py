@@ -314,7 +314,7 @@ def _advance(
             with progress:
                 view = action(client, _subject(spec, query, session_id), progress)
         except KeyboardInterrupt:
-            _interrupted(client, progress.session_id)
+            _interrupted(client, progress.session_id, as_json)
         if thinking != Thinking.none or answer_to_stdout:
             view = client.view(view.session_id, detail=True)
         _print_view(view, as_json, thinking, answer_to_stdout=answer_to_stdout, progress=progress)
@@ -332,13 +332,20 @@ def _subject(spec: Any, query: Any, session_id: str | None) -> Any:
     return (session_id, query) if query is not None else session_id
 
 
-def _interrupted(client: Any, session_id: str | None) -> NoReturn:
+def _interrupted(client: Any, session_id: str | None, as_json: bool = False) -> NoReturn:
     """Ctrl-C while a command drove a session: say whether it goes on or was paused, and how to
-    continue; exit 130."""
+    continue; with `--json`, the session's view as it is now is the one document on stdout (when
+    Redis can still be read); exit 130."""
     from celery_agents.cli.output import err
 
     if session_id is None:
         raise typer.Exit(130)
+    if as_json:
+        try:
+            _interrupted(client, session_id)
+        finally:
+            with contextlib.suppress(Exception):
+                _print_view(client.view(session_id), True)
     try:
         paused = client.interrupted(session_id)
     except Exception:  # Redis gone as well: say what we know

@@ -4,6 +4,7 @@ or going on (workers) — and how to continue it."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import threading
@@ -79,6 +80,21 @@ def test_ctrl_c_inline_pauses_the_session_and_says_how_to_resume(
     assert view["state"] == "ready" and view["steps"] == 0, view  # nothing half-done was committed
     resumed = agents("session", "resume", sid[:8], "--inline", env=qenv)
     assert resumed.returncode == 0 and resumed.stdout.endswith("answer: resumed answer\n"), str(resumed)
+
+
+def test_ctrl_c_with_json_prints_the_sessions_view_as_the_one_document(
+    llm_server: LlmServer, qenv: dict[str, str], tmp_path: Path
+) -> None:
+    """A program reading `--json` gets a document on Ctrl-C too: the session as it is now (inline:
+    paused, nothing half-done committed); the words stay on stderr."""
+    agent, scenario = slow_agent(llm_server, tmp_path, text("too late", delay=60), text("resumed answer"))
+    running = Running(["run", "--agent-file", str(agent), "-p", "hello", "--inline", "--json"], qenv)
+    poll(lambda: llm_server.count(scenario) == 1, "the model to be called", timeout=60)
+    code, out, err = running.interrupt()
+    assert code == 130, err
+    view = json.loads(out)
+    assert (view["state"], view["steps"], view["drive"]) == ("ready", 0, "manual"), view
+    assert f"session {view['session_id']} was paused" in err, err
 
 
 def test_an_interrupted_inline_step_stays_paused_with_a_worker_sweeping_the_same_redis(
