@@ -121,9 +121,13 @@ def _settings(as_json: bool) -> Any:
 
 def _where(client: Any) -> str:
     """The Redis a command used, for error messages (the password redacted)."""
+    return _where_settings(client.settings)
+
+
+def _where_settings(s: Any) -> str:
+    """The Redis of settings `s`, for error messages (the password redacted)."""
     import re
 
-    s = client.settings
     place = re.sub(r"//([^@/]*)@", "//***@", s.redis_url) if s.redis_url else f"the embedded Redis under {s.home}"
     return f"{place} (prefix {s.prefix})"
 
@@ -917,7 +921,9 @@ def worker(
     )
     try:
         code = Supervisor(plan).run()
-    except AgentsError as exc:  # the state Redis unreachable or unsafe: refuse to start
+    except RedisUnavailable as exc:  # the state Redis unreachable: refuse to start, naming it
+        _fail(RedisUnavailable(f"{exc.message} — tried {_where_settings(_settings(False))}"), False)
+    except AgentsError as exc:  # the state Redis unsafe, a port taken: refuse to start
         _fail(exc, False)
     raise typer.Exit(code)
 
@@ -965,13 +971,26 @@ def serve(
         _fail(exc, False)
     except ValueError as exc:  # a variable that does not parse, named in the message
         _fail(InvalidInput(str(exc)), False)
+    import socket
+
     import uvicorn
 
     from celery_agents.web.app import create_app
 
-    sys.stderr.write(f"serving http://{host}:{port}/ (API at /v1, docs at /docs)\n")
+    # Bound here, before the app starts: a port taken is said plainly (exit 2), not after a line
+    # that says it serves.
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((host, port))
+    except OSError as exc:
+        listener.close()
+        _fail(InvalidInput(f"cannot listen on {host}:{port}: {exc.strerror or exc} (--host, --port)"), False)
+    sys.stderr.write(f"serving http://{host}:{listener.getsockname()[1]}/ (API at /v1, docs at /docs)\n")
     # No proxy headers in uvicorn: the app takes X-Forwarded-For from AGENTS_TRUSTED_PROXIES only.
-    uvicorn.run(create_app(settings), host=host, port=port, log_level=loglevel.lower(), proxy_headers=False)
+    config = uvicorn.Config(create_app(settings), log_level=loglevel.lower(), proxy_headers=False)
+    uvicorn.Server(config).run(sockets=[listener])
 
 
 @limits_app.command("set")

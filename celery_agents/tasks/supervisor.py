@@ -245,10 +245,16 @@ class Supervisor:
             yield
             return
         from celery_agents import observe
+        from celery_agents.errors import InvalidInput
         from celery_agents.observe.scrape import serve_worker_metrics
 
         observe.setup(settings.replace(metrics_dir=path))
-        server = serve_worker_metrics(self.plan.metrics_host, self.plan.metrics_port, path, settings)
+        host, port = self.plan.metrics_host, self.plan.metrics_port
+        try:
+            server = serve_worker_metrics(host, port, path, settings)
+        except OSError as exc:  # the port taken, or not ours to take: refuse to start, saying so
+            why = exc.strerror or str(exc)
+            raise InvalidInput(f"--metrics-port {port}: cannot listen on {host}:{port}: {why}") from None
         log.info("metrics on http://%s:%s/metrics", self.plan.metrics_host, server.port)
         try:
             yield

@@ -282,3 +282,26 @@ def test_a_timeout_inline_says_that_this_process_runs_the_steps_to_their_end(tmp
     assert "--timeout bounds the wait for workers; here this process runs the steps" in run.stderr
     quiet = agents("session", "start", "--agent-file", demo, "-p", "hi", "--run", "--json", env=env)
     assert "--timeout" not in quiet.stderr
+
+
+def test_a_worker_that_cannot_start_says_why_and_where(qenv: dict[str, str], tmp_path: Path) -> None:
+    """An unreachable Redis is named with its URL and prefix, as every other command names it; a
+    metrics port another process holds is said plainly, exit 2, not a traceback."""
+    import socket
+
+    port = free_port()
+    away = cli_env(f"redis://127.0.0.1:{port}/0", "nowhere", home=tmp_path / "h1")
+    run = agents("worker", "--queues", "tools", env=away, timeout=120)
+    assert run.returncode != 0 and "Traceback" not in run.stderr, run.stderr[-2000:]
+    assert f"tried redis://127.0.0.1:{port}/0 (prefix nowhere)" in run.stderr, run.stderr[-2000:]
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    held = taken.getsockname()[1]
+    try:
+        run = agents("worker", "--queues", "tools", "--metrics-port", str(held), env=qenv, timeout=120)
+    finally:
+        taken.close()
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert f"--metrics-port {held}: cannot listen on 127.0.0.1:{held}" in run.stderr, run.stderr[-2000:]
+    assert "Traceback" not in run.stderr

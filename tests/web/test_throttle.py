@@ -231,3 +231,20 @@ def test_serve_refuses_trusted_proxies_that_are_not_networks(redis_url: str, tmp
     assert run.returncode == 2, run.stderr
     assert "AGENTS_TRUSTED_PROXIES" in run.stderr and "nginx" in run.stderr
     assert "Traceback" not in run.stderr
+
+
+def test_serve_on_a_port_another_process_holds_says_so_and_exits_2(redis_url: str, tmp_path: Path) -> None:
+    """Not "serving http://…" followed by uvicorn's bind error and exit 3 (not found)."""
+    import socket
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    try:
+        run = agents("serve", "--port", str(port), env=cli_env(redis_url, "taken", home=tmp_path))
+    finally:
+        taken.close()
+    assert run.returncode == 2, run.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in run.stderr and "in use" in run.stderr, run.stderr
+    assert "serving http" not in run.stderr and "Traceback" not in run.stderr
