@@ -50,8 +50,13 @@ def run_call(store: Store, session_id: str, field: str, tools: ToolPort, owner: 
     lease = store.call_lock(session_id, field)
     if not store.acquire(lease, owner):
         return CallRun(status="busy", call=call)
-    store.mark_call_started(session_id, field, owner)
     try:
+        # Looked at before the lease: another delivery of this call (a republish, a redelivery)
+        # may have run and recorded it meanwhile, and let its lease go. Once the lease is ours, a
+        # call still unfinished stays so until we record it.
+        if not store.through_outage(lambda: store.call_pending(session_id, field)):
+            return CallRun(status="already", call=call)
+        store.mark_call_started(session_id, field, owner)
         try:
             agent = store.agent(found.agent_hash, session_id)
         except UntrustedSpec as exc:

@@ -59,3 +59,57 @@ def _query() -> Any:
     from celery_agents.model import UserQuery
 
     return UserQuery(text="What is the weather in Paris?")
+
+
+def test_a_second_delivery_that_waited_before_the_lease_does_not_run_the_call_again(settings: Settings) -> None:
+    """Two deliveries of one call's message (the sweeper's republish, a redelivery): B finds the
+    call unfinished, then stalls (a pause, CPU starvation, a Redis blip) while A takes the lease,
+    runs the tool, records the result and lets the lease go. B then gets the free lease: it must
+    find the call finished, not run the tool a second time."""
+    import threading
+
+    store = Store(redis.Redis.from_url(settings.redis_url or "", decode_responses=True), settings)
+    sid = store.create_session(load_agent_file(DEMO), _query(), drive="manual").session_id
+    llm, tools = LitellmPort(), ToolRunner()
+    run_step(store, sid, 1, llm=llm, tools=tools, owner="w")
+    field = run_step(store, sid, 2, llm=llm, tools=tools, owner="w").dispatch[0].field
+    runs: list[str] = []
+
+    class Counted:
+        def run(self, agent: AgentSpec, session_id: str, call: TrackedCall) -> CallOutcome:
+            runs.append(call.call_id)
+            return tools.run(agent, session_id, call)
+
+    a_done = threading.Event()
+    acquire = store.acquire
+
+    def acquire_after_a(lease: Any, owner: str) -> bool:
+        if owner == "worker-b":
+            assert a_done.wait(60), "worker-a never finished"
+        return acquire(lease, owner)
+
+    store.acquire = acquire_after_a  # type: ignore[method-assign]
+    statuses: dict[str, str] = {}
+
+    def deliver(owner: str) -> None:
+        statuses[owner] = run_call(store, sid, field, Counted(), owner, "runAsync").status  # type: ignore[arg-type]
+        if owner == "worker-a":
+            a_done.set()
+
+    b = threading.Thread(target=deliver, args=("worker-b",))
+    b_looked = threading.Event()
+    look = store.call_to_run
+
+    def looked(session_id: str, at: str) -> Any:
+        found = look(session_id, at)
+        if threading.current_thread() is b:
+            b_looked.set()
+        return found
+
+    store.call_to_run = looked  # type: ignore[method-assign]
+    b.start()
+    assert b_looked.wait(60), "worker-b never looked at the call"
+    deliver("worker-a")
+    b.join(60)
+    assert statuses == {"worker-a": "ok", "worker-b": "already"}
+    assert len(runs) == 1, f"the tool ran {len(runs)} times"
