@@ -18,6 +18,8 @@ from celery_agents.config import Settings
 from celery_agents.errors import (
     DigestMismatch,
     InvalidArguments,
+    InvalidInput,
+    InvalidResult,
     NotAnApproval,
     TokenAlreadyCompleted,
     TokenCancelled,
@@ -232,6 +234,44 @@ def test_decisions_through_the_completions_stream(settings: Settings, tmp_path: 
     assert sorted(r["args"]["amount"] for r in runs(log, "pay", "start")) == [300, 500]
     assert told(llm, "c3").removeprefix("Error: ").startswith("rejected: too much")
     assert [r["reason"] for r in rejected] == ["token_already_completed"]
+
+
+def test_edits_and_names_that_cannot_be_used_are_refused_through_every_door(settings: Settings, tmp_path: Path) -> None:
+    """Arguments given as JSON null are a broken edit, not "approve as the model asked"; text with a
+    lone surrogate is not text (Redis and the tool get UTF-8); edited arguments are bounded as a
+    result is, and who decided (`by`) as the HTTP API bounds it. Each is refused before anything
+    is recorded, through the Python API and the completions stream alike; the gate stays open."""
+    log = tmp_path / "runs.log"
+    settings = dataclasses.replace(settings, max_result_bytes=4096)
+    llm = ScriptedLlm(llm_turn(pay("c1", 500)), llm_turn(text="paid"))
+    with Client(settings, inline=True, llm=llm) as client:
+        store = client.store
+        sid = client.start(agent(log), "pay", run=True).session_id
+        token = gate_of(client, sid).token or ""
+        with pytest.raises(InvalidArguments, match="surrogate"):
+            client.approve(token, arguments={"amount": 150, "to": "\ud800"})
+        with pytest.raises(InvalidArguments, match="AGENTS_MAX_RESULT_BYTES"):
+            client.approve(token, arguments={"amount": 150, "to": "x" * 5000})
+        with pytest.raises(InvalidInput, match="by is at most 200"):
+            client.approve(token, by="b" * 201)
+        with pytest.raises(InvalidInput, match="surrogate"):
+            client.reject(token, by="\udfff")
+        with pytest.raises(InvalidResult, match="surrogate"):
+            client.complete(token, {"paid": "\ud800"})
+        xadd = store.client.xadd
+        for fields in (
+            {"decision": "approve", "arguments": "null"},
+            {"decision": "approve", "arguments": '{"amount": 150, "to": "\\ud800"}'},
+            {"decision": "approve", "arguments": json.dumps({"amount": 150, "to": "x" * 5000})},
+            {"decision": "approve", "by": "b" * 201},
+        ):
+            xadd(store.keys.completions, {"token": token, **fields})
+        driver = client.driver
+        CompletionConsumer(store, "test", wake=driver.wake, dispatch=driver.dispatched).poll(block_ms=None)
+        rejected = [e[1]["reason"] for e in store.client.xrange(store.keys.rejected)]
+        assert gate_of(client, sid).token == token, "the gate is still open"
+    assert rejected == ["invalid_arguments", "invalid_arguments", "invalid_arguments", "invalid_input"], rejected
+    assert runs(log, "pay", "start") == [], "nothing ran"
 
 
 def test_extend_moves_the_deadline_and_a_decided_gate_cannot_be_extended(settings: Settings, tmp_path: Path) -> None:

@@ -117,16 +117,18 @@ def read_arguments(source: str) -> dict[str, Any]:
     from celery_agents.errors import InvalidArguments
     from celery_agents.model.limits import UnusableJson, load_json
 
+    where = "stdin" if source == "-" else source
     try:
         raw = read_result(source)
     except InvalidResult as exc:
-        raise InvalidArguments(exc.message.replace("result", "arguments")) from None
+        text = exc.message.replace("JSON or text, or -)", "a JSON object, or -)")
+        raise InvalidArguments(text.replace("result", "arguments")) from None
     try:
         value = load_json(raw)
     except (json.JSONDecodeError, UnusableJson) as exc:
-        raise InvalidArguments(f"{'stdin' if source == '-' else source}: the arguments are not JSON: {exc}") from None
+        raise InvalidArguments(f"{where}: the arguments are not JSON: {exc}") from None
     if not isinstance(value, dict):
-        raise InvalidArguments(f"{'stdin' if source == '-' else source}: the arguments are a JSON object ({{...}})")
+        raise InvalidArguments(f"{where}: the arguments must be a JSON object ({{...}})")
     return value
 
 

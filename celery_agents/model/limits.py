@@ -9,6 +9,7 @@ raises `UnusableJson` saying what is wrong.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 #: nesting deeper than this (objects and lists) is refused; nothing we read needs more
@@ -34,13 +35,22 @@ def load_json(text: str | bytes) -> Any:
     return value
 
 
+#: a UTF-16 surrogate alone: JSON's `\\ud800` escape parses to it, and no UTF-8 text can hold it
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def check_depth(value: Any) -> None:
-    """Raise `UnusableJson` when `value` nests lists and objects deeper than MAX_DEPTH."""
+    """Raise `UnusableJson` when `value` nests lists and objects deeper than MAX_DEPTH, or holds
+    text with a lone surrogate (`"\\ud800"` parses, but Redis, files and the model get UTF-8)."""
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, depth = stack.pop()
+        if isinstance(item, str):
+            if _LONE_SURROGATE.search(item):
+                raise UnusableJson("it holds a lone UTF-16 surrogate (\\ud800-\\udfff), which is not text")
+            continue
         if isinstance(item, dict):
-            children: Any = item.values()
+            children: Any = [*item.keys(), *item.values()]
         elif isinstance(item, list):
             children = item
         else:

@@ -75,6 +75,19 @@ def check_result_bytes(size: int, max_bytes: int) -> None:
         )
 
 
+def _json_kind(value: Any) -> str:
+    """What a JSON value is, as JSON names it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "an array" if isinstance(value, list) else type(value).__name__
+
+
 def check_result(result: Any, max_bytes: int) -> None:
     """Refuse a result value that is empty, too deep or too big, before anything is recorded."""
     if result is None or (isinstance(result, str) and not result.strip()):
@@ -85,6 +98,23 @@ def check_result(result: Any, max_bytes: int) -> None:
         raise InvalidResult(f"the result is JSON celery-agents cannot use: {exc}") from None
     text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False)
     check_result_bytes(len(text.encode(errors="surrogatepass")), max_bytes)
+
+
+#: the longest name of who decided (`by`), through every door (the HTTP API's bound)
+MAX_BY_CHARS = 200
+
+
+def check_by(by: str | None) -> None:
+    """Refuse a `by` that is too long or not text, before anything is recorded (it is stored with
+    the call's outcome and in the session's events)."""
+    if by is None:
+        return
+    if len(by) > MAX_BY_CHARS:
+        raise InvalidInput(f"by is at most {MAX_BY_CHARS} characters, not {len(by)}")
+    try:
+        check_depth(by)
+    except UnusableJson as exc:
+        raise InvalidInput(f"by is not text celery-agents can use: {exc}") from None
 
 
 def complete(
@@ -104,6 +134,7 @@ def complete(
     unfinished call is done and it is auto-driven. Approving a deferred sub-agent call publishes it
     through `dispatch` instead (it starts the child session). Raises the token's conflict otherwise."""
     check_result(result, store.settings.max_result_bytes)
+    check_by(by)
     # The deadline is checked against Redis's clock (unless a test gives `now`), not this host's.
     outcome = completion_json(result, is_error=is_error, by=by, now=time.time() if now is None else now)
     with observe.token_wait(store, token, by) as watch:
@@ -167,7 +198,11 @@ def decide(
             agent_hash=agent_hash,
         )
     agent = store.agent(agent_hash, sid)
-    approved = call.arguments if arguments is None else _checked_arguments(agent, call, arguments)
+    approved = (
+        call.arguments
+        if arguments is None
+        else _checked_arguments(agent, call, arguments, store.settings.max_result_bytes)
+    )
     outcome: Literal["approved", "edited"] = "approved" if approved == call.arguments else "edited"
     tool = agent.tool(call.tool)
     grant = (call.tool, schema_digest(tool.parameters)) if for_session and tool is not None else None
@@ -178,16 +213,22 @@ def decide(
     return complete(store, token, "approved", by=by, wake=wake, dispatch=dispatch, entry=entry, decision=decision)
 
 
-def _checked_arguments(agent: AgentSpec, call: TrackedCall, arguments: Any) -> dict[str, Any]:
-    """Edited arguments, refused (`invalid_arguments`) unless the tool's schema takes them."""
+def _checked_arguments(agent: AgentSpec, call: TrackedCall, arguments: Any, max_bytes: int) -> dict[str, Any]:
+    """Edited arguments, refused (`invalid_arguments`) unless the tool's schema takes them and they
+    are within `max_bytes` (AGENTS_MAX_RESULT_BYTES, as a result is)."""
     from celery_agents.tools.arguments import argument_problems
 
     if not isinstance(arguments, dict):
-        raise InvalidArguments(f"the arguments of {call.tool} are a JSON object, not {type(arguments).__name__}")
+        raise InvalidArguments(f"the arguments of {call.tool} must be a JSON object, not {_json_kind(arguments)}")
     try:
         check_depth(arguments)
     except UnusableJson as exc:
         raise InvalidArguments(f"the arguments are JSON celery-agents cannot use: {exc}") from None
+    size = len(json.dumps(arguments, ensure_ascii=False).encode())
+    if size > max_bytes:
+        raise InvalidArguments(
+            f"the arguments are {size} bytes, more than the limit of {max_bytes} (AGENTS_MAX_RESULT_BYTES)"
+        )
     tool = agent.tool(call.tool)
     if tool is not None:
         problems = argument_problems(tool.name, tool.parameters, arguments)
@@ -305,6 +346,8 @@ class CompletionConsumer:
                 arguments = load_json(fields["arguments"])
             except (json.JSONDecodeError, UnusableJson) as exc:
                 raise InvalidArguments(f"the arguments are not JSON celery-agents can use: {exc}") from None
+            if arguments is None:  # given, and null: an edit that is no object, not "as the model asked"
+                raise InvalidArguments("the arguments must be a JSON object, not null")
         return decide(
             self.store,
             token,

@@ -13,7 +13,14 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from celery_agents.client import Client
-from celery_agents.errors import AgentsError, InvalidInput, InvalidResult, RedisRefused, RedisUnavailable
+from celery_agents.errors import (
+    AgentsError,
+    InvalidArguments,
+    InvalidInput,
+    InvalidResult,
+    RedisRefused,
+    RedisUnavailable,
+)
 from celery_agents.model import Budget, SessionView, read_agent
 from celery_agents.web.events import event_stream
 
@@ -237,6 +244,8 @@ def complete_token(token: str, body: DecisionBody, request: Request) -> dict[str
     decision = body.decision or "respond"
     _check_fields(body, decision)
     if decision == "approve":
+        if "arguments" in body.model_fields_set and body.arguments is None:
+            raise InvalidArguments("the arguments must be a JSON object, not null")
         done = client.approve(
             token, arguments=body.arguments, digest=body.digest, for_session=body.for_session, by=body.by
         )

@@ -29,7 +29,9 @@ def error_of(response: httpx.Response, status: int) -> str:
 
 
 def decide(api: httpx.Client, token: str, **body: Any) -> httpx.Response:
-    return api.post(f"/v1/continuations/{token}", json=body)
+    # json.dumps escapes what is not ASCII (a lone surrogate too, which httpx would not encode).
+    content = json.dumps(body).encode()
+    return api.post(f"/v1/continuations/{token}", content=content, headers={"Content-Type": "application/json"})
 
 
 def test_an_approved_gate_runs_once_bound_to_the_digest_it_was_decided_on(
@@ -45,7 +47,7 @@ def test_an_approved_gate_runs_once_bound_to_the_digest_it_was_decided_on(
 
     mismatch = decide(api, first["token"], decision="approve", digest=second["digest"])
     assert error_of(mismatch, 409) == "digest_mismatch"
-    for bad in ({"amount": "a lot"}, ["not", "an", "object"], {}):
+    for bad in ({"amount": "a lot"}, ["not", "an", "object"], {}, None, {"amount": 900, "memo": "\ud800"}):
         refused = decide(api, first["token"], decision="approve", arguments=bad)
         assert error_of(refused, 400) == "invalid_arguments", bad
     assert runs(log, phase="start") == [], "nothing ran before a decision"

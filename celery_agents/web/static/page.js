@@ -82,7 +82,7 @@
     try {
       var value = JSON.parse(editor.value);
       if (value === null || typeof value !== "object" || Array.isArray(value)) {
-        message = "The arguments are a JSON object: { … }.";
+        message = "The arguments must be a JSON object: { … }.";
       }
     } catch (e) {
       message = "That is not JSON: " + e.message;
