@@ -400,7 +400,7 @@ def _check_url(variable: str, url: str) -> None:
         except ValueError as exc:
             why = str(exc)
     elif scheme.endswith(("+sentinel", "+cluster")):
-        from celery_agents.store.connection import is_cluster_url, parse_cluster_url, parse_sentinel_url
+        from celery_agents.redis_urls import is_cluster_url, parse_cluster_url, parse_sentinel_url
 
         try:
             parse_cluster_url(url) if is_cluster_url(url) else parse_sentinel_url(url)

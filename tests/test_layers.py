@@ -75,6 +75,9 @@ def within(name: str, package: str) -> bool:
 #: the one module besides the store that imports redis-py: it patches kombu's Redis transport,
 #: the broker's own connection, raising redis-py's connection error there for kombu to handle
 REDIS_BROKER_PATCH = "celery_agents.tasks.broker"
+#: and the import of redis-py itself, outside the store package so that a command that reads and
+#: ends can load redis-py lean before the store's modules import it: it uses none of its API
+REDIS_IMPORT = "celery_agents.redis_import"
 
 
 @dataclass(frozen=True)
@@ -108,7 +111,7 @@ IMPORT_RULES = (
         "celery_agents",
         "redis",
         "only the store talks to Redis: nothing above it handles redis-py or its errors",
-        exempt=("celery_agents.store", REDIS_BROKER_PATCH),
+        exempt=("celery_agents.store", REDIS_BROKER_PATCH, REDIS_IMPORT),
     ),
     *(
         ImportRule(package, "celery_agents.store", "front doors reach Redis through the Client only")

@@ -824,8 +824,10 @@ def session_delete(
     force: Annotated[bool, typer.Option("--force", help="Cancel an active session, then delete it.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Delete finished sessions: every key of each in Redis and its entries in every index. One
-    still active (without --force) or unknown refuses them all: nothing is deleted."""
+    """Delete finished sessions: every key of each in Redis and its entries in every index.
+
+    One still active (without --force) or unknown refuses them all: nothing is deleted.
+    """
     from celery_agents.cli.output import emit_json, out
 
     with _command(as_json) as client:

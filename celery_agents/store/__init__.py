@@ -5,8 +5,9 @@ Nothing here knows about Celery or the model.
 
 # First: redis-py is loaded with OpenTelemetry out of its sight (connection.py says why).
 import celery_agents.store.connection  # noqa: F401  # isort: skip
+from celery_agents.redis_urls import is_sentinel_url
 from celery_agents.store.calls import Decision
-from celery_agents.store.connection import broker_url, client_for_url, is_sentinel_url, state_url
+from celery_agents.store.connection import broker_url, client_for_url, state_url
 from celery_agents.store.embedded import EmbeddedRedis
 from celery_agents.store.keys import FINISHED_STATES, Keys
 from celery_agents.store.store import (

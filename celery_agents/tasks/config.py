@@ -17,8 +17,9 @@ from kombu.entity import Exchange, Queue
 from celery_agents.config import Settings
 from celery_agents.model import TrackedCall
 from celery_agents.model.admission import DEFAULT_PRIORITY, PRIORITY_MAX, PRIORITY_MIN
+from celery_agents.redis_urls import is_sentinel_url
 from celery_agents.store import Keys, broker_url
-from celery_agents.store.connection import broker_options, broker_ssl, is_sentinel_url
+from celery_agents.store.connection import broker_options, broker_ssl
 
 #: a message header: when it was published (ms since the epoch, the publisher's clock)
 PUBLISHED_MS = "agents_published_ms"

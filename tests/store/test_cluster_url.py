@@ -10,8 +10,8 @@ import pytest
 
 from celery_agents.config import Settings
 from celery_agents.errors import BrokerMissing
+from celery_agents.redis_urls import is_cluster_url, parse_cluster_url
 from celery_agents.store import broker_url
-from celery_agents.store.connection import is_cluster_url, parse_cluster_url
 
 
 def test_a_cluster_url_names_its_nodes_and_credentials() -> None:

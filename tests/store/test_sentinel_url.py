@@ -9,8 +9,9 @@ import pytest
 from redis.sentinel import SentinelConnectionPool
 
 from celery_agents.config import Settings
+from celery_agents.redis_urls import parse_sentinel_url
 from celery_agents.store import broker_url, client_for_url
-from celery_agents.store.connection import broker_options, parse_sentinel_url
+from celery_agents.store.connection import broker_options
 from celery_agents.tasks.config import make_app, steps_unacknowledged
 
 
