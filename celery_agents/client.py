@@ -550,7 +550,7 @@ class Client:
         """Move a deferred call's deadline to now + `seconds`; the call as `pending` lists it."""
         check_token_shape(token)
         if not 0 < seconds <= MAX_EXTEND_SECONDS:
-            raise InvalidInput(f"--seconds is more than 0 and at most {MAX_EXTEND_SECONDS:g} (a year)")
+            raise InvalidInput(f"--seconds is more than 0 and at most {MAX_EXTEND_SECONDS:,.0f} (a year)")
         return self.store.extend_token(token, seconds)
 
     def catch_up(self) -> None:
@@ -777,11 +777,13 @@ def _limit_problem(exc: Exception) -> str:
 def check_token_shape(token: str) -> None:
     """A session id (or a file name) where a token belongs gets a hint, not just "unknown"."""
     if "." not in token.strip() and re.fullmatch(r"[A-Za-z0-9_-]{1,64}", token.strip()):
-        raise UnknownToken(
-            f"{token[:80]!r} is not a token (a token is <session id>.<secret>); "
-            f"`agents session pending {token[:80]}` lists the session's tokens",
-            token=token,
+        text = token.strip()[:80]
+        where = (
+            f"`agents session pending {text}` lists the session's tokens"
+            if re.fullmatch(r"[0-9a-f]{4,64}", text)  # a session id (or a prefix of one) given as a token
+            else "`agents session pending` lists the tokens of every session waiting"
         )
+        raise UnknownToken(f"{token[:80]!r} is not a token (a token is <session id>.<secret>); {where}", token=token)
 
 
 def _arguments(raw: str) -> Any:

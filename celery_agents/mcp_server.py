@@ -67,7 +67,8 @@ class SessionTools:
         from celery_agents.model import read_agent
 
         if (agent_file is None) == (agent is None):
-            raise InvalidInput("give agent_file (a path) or agent (the agent file's JSON object), not both")
+            which = "not both" if agent is not None else "one of them"
+            raise InvalidInput(f"give agent_file (a path) or agent (the agent file's JSON object), {which}")
         spec: Any = agent_file
         if agent is not None:
             spec = read_agent(agent, "agent", base_dir=os.getcwd())

@@ -71,12 +71,16 @@ InlineOpt = Annotated[bool, typer.Option("--inline", help="Run steps in this pro
 StepOpt = Annotated[bool, typer.Option("--step", help="Also run one step.")]
 RunOpt = Annotated[bool, typer.Option("--run", help="Drive it until it completes or waits outside.")]
 AgentOpt = Annotated[Path, typer.Option("--agent-file", "-a", help="The agent file (JSON): model, tools, policy.")]
-PromptOpt = Annotated[list[str] | None, typer.Option("--prompt", "-p", help="Prompt text (repeatable).")]
+PromptOpt = Annotated[
+    list[str] | None, typer.Option("--prompt", "-p", help="Prompt text (repeatable).", metavar="TEXT")
+]
 FileOpt = Annotated[
-    list[str] | None, typer.Option("--file", "-f", help="A text file appended to the prompt (repeatable; - for stdin).")
+    list[str] | None,
+    typer.Option("--file", "-f", help="A text file appended to the prompt (repeatable; - for stdin).", metavar="FILE"),
 ]
 MediaOpt = Annotated[
-    list[str] | None, typer.Option("--media", "-m", help="An image or other file attached to the prompt (repeatable).")
+    list[str] | None,
+    typer.Option("--media", "-m", help="An image or other file attached to the prompt (repeatable).", metavar="FILE"),
 ]
 SessionArg = Annotated[str, typer.Argument(help="The session id, or any unique prefix of it.", metavar="ID")]
 PriorityOpt = Annotated[
@@ -799,7 +803,7 @@ def session_logs(
     follow: Annotated[
         bool, typer.Option("--follow", "-F", help="Keep printing new events until the session ends.")
     ] = False,
-    as_json: JsonOpt = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document per event, one per line.")] = False,
 ) -> None:
     """Print the session's events, one per line: time and what happened.
 
@@ -820,7 +824,7 @@ def session_logs(
 
 @session_app.command("delete")
 def session_delete(
-    session_ids: Annotated[list[str], typer.Argument(help="Session ids (or unique prefixes).", metavar="ID...")],
+    session_ids: Annotated[list[str], typer.Argument(help="Session ids (or unique prefixes).", metavar="ID")],
     force: Annotated[bool, typer.Option("--force", help="Cancel an active session, then delete it.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -842,7 +846,7 @@ def session_delete(
 @session_app.command("purge")
 def session_purge(
     older_than: Annotated[
-        str, typer.Option("--older-than", help="Age since the last update: 30d, 12h, 45m or 90s.", metavar="AGE")
+        str, typer.Option("--older-than", help="Age since the last update: 2w, 30d, 12h, 45m or 90s.", metavar="AGE")
     ],
     status: Annotated[
         str, typer.Option("--status", help="Finished states to purge, comma-separated.")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from celery_agents.model.turns import Usage
 
@@ -143,4 +143,10 @@ def parse_grant(text: str) -> Budget:
         values[name] = value.strip()
     if not values:
         raise ValueError("--grant names nothing to raise: give e.g. modelCalls=5")
-    return Budget.model_validate(values)
+    try:
+        return Budget.model_validate(values)
+    except ValidationError as exc:  # said as the option was written, not as pydantic's report
+        first = exc.errors()[0]
+        name = str(first["loc"][0]) if first.get("loc") else "?"
+        shown = values.get(name, "")
+        raise ValueError(f"{name}={shown!r}: {first['msg'].lower()}") from None

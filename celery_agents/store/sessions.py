@@ -162,6 +162,8 @@ class SessionStore(StoreCore):
         """The whole id of the one session whose id starts with `session_id` (an exact id wins);
         one ZRANGEBYLEX on the id index, never a scan."""
         text = session_id.strip()
+        if not text:
+            raise InvalidInput("no session id given: give a session id, or any unique prefix of one")
         if not SESSION_ID.match(text):
             raise UnknownSession(f"unknown session {text[:80]!r}", session_id=text)
         found = self._ids_from(text)

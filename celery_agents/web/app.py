@@ -96,10 +96,7 @@ def _handle_errors(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> Response:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body') or 'body'}: {e.get('msg', 'invalid')}"
-            for e in exc.errors()
-        )
+        problems = "; ".join(_problem(e) for e in exc.errors())
         return api.error_response(InvalidInput(problems[:2000] or "invalid request"))
 
     @app.exception_handler(HTTPException)
@@ -115,3 +112,12 @@ def _handle_errors(app: FastAPI) -> None:
         log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
         message = "an unexpected error; the server's log has the details"
         return JSONResponse({"error": {"code": "internal_error", "message": message}}, status_code=500)
+
+
+def _problem(error: Any) -> str:
+    """One of FastAPI's validation errors as a person reads it: where, then what."""
+    if error.get("type") == "json_invalid":  # its `loc` is a character position, not a field
+        why = (error.get("ctx") or {}).get("error", "")
+        return f"the body is not JSON (at character {error['loc'][-1]}{': ' + why if why else ''})"
+    where = ".".join(str(p) for p in error.get("loc", ()) if p != "body") or "body"
+    return f"{where}: {error.get('msg', 'invalid')}"

@@ -189,3 +189,18 @@ def test_doctor_fails_while_messages_wait_on_a_queue_no_worker_consumes(
     [check] = [c for c in ok(agents("doctor", "--json", env=env))["checks"] if c["name"] == "queues"]
     assert check["ok"], check
     client.close()
+
+
+def test_wrong_input_is_said_as_it_was_typed(qenv: dict[str, str], llm_server: LlmServer, tmp_path: Path) -> None:
+    """An empty id is no id (exit 2), not an unknown session; a bad --grant names the pair as
+    written, not pydantic's report with its web address; options that take text or files say so,
+    not their Python type."""
+    check_error(agents("session", "show", "", "--json", env=qenv), "invalid_input")
+    agent = plain_agent(tmp_path, llm_server)
+    sid = ok(agents("session", "start", "--agent-file", agent, "-p", "x", "--json", env=qenv))
+    bad = check_error(
+        agents("session", "resume", sid["session_id"], "--grant", "modelCalls=abc", "--json", env=qenv), "invalid_input"
+    )
+    assert "modelCalls='abc'" in bad["message"] and "pydantic" not in bad["message"], bad
+    shown = agents("run", "--help", env=qenv).stdout
+    assert "list[str]" not in shown and "TEXT" in shown and "FILE" in shown, shown

@@ -124,6 +124,7 @@ def test_invalid_bodies_are_refused_with_400_and_nothing_is_stored(api: httpx.Cl
         assert error_of(bad, 400) == "invalid_input", extra
     not_json = api.post("/v1/sessions", content=b"{", headers={"content-type": "application/json"})
     assert error_of(not_json, 400) == "invalid_input"
+    assert not_json.json()["error"]["message"].startswith("the body is not JSON (at character 1"), not_json.text
     huge = api.post("/v1/sessions", content=b"[" + b"0," * (4 * 1024 * 1024) + b"0]")
     assert error_of(huge, 413) == "invalid_input"
     assert len(api.get("/v1/sessions", params={"limit": 1000}).json()["sessions"]) == before
