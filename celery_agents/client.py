@@ -249,9 +249,11 @@ class Client:
         if follow:
             for e in store.follow_events(session_id, after):
                 yield e
-                if e["type"] in FINAL_EVENTS:
-                    return  # the session ended: nothing more will come
-            return
+                if e["type"] in FINAL_EVENTS:  # the session ended: what its last write added, then no more
+                    after = e["id"]
+                    break
+            else:
+                return
         while True:
             batch = store.read_events(session_id, after)
             if not batch:

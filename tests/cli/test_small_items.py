@@ -56,7 +56,12 @@ def test_logs_follow_ends_when_the_session_ends(llm_server: LlmServer, qenv: dic
         "session_id"
     ]
     run = agents("session", "logs", sid, "--follow", env=qenv, timeout=60)
-    assert run.returncode == 0 and run.stdout.splitlines()[-1].endswith("session completed"), str(run)
+    assert run.returncode == 0 and "session completed" in run.stdout, str(run)
+    # Following a session that ended prints what `logs` prints: the end's write, to its last event.
+    assert run.stdout == agents("session", "logs", sid, env=qenv).stdout
+    followed = agents("session", "logs", sid, "--follow", "--json", env=qenv, timeout=60)
+    assert followed.stdout == agents("session", "logs", sid, "--json", env=qenv).stdout
+    assert json.loads(followed.stdout.splitlines()[-1])["type"] == "step_committed"
 
 
 def test_help_texts(qenv: dict[str, str]) -> None:
