@@ -23,6 +23,7 @@ import contextlib
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable, Coroutine, MutableMapping
 from typing import Any, TypeVar
 
@@ -102,9 +103,25 @@ def wait_on_loop(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> 
     done: concurrent.futures.Future[T] = concurrent.futures.Future()
     settled: queue.SimpleQueue[concurrent.futures.Future[T]] = queue.SimpleQueue()
     bound = None if timeout is None else max(0.0, timeout)
+    # The main thread (a CLI's inline step) waits in slices: a Ctrl-C that arrives just before it
+    # blocks would otherwise be noticed only once the call ends (Python runs a signal's handler
+    # between bytecodes, or when the signal interrupts the wait; one that comes in between does
+    # neither). No other thread is sent signals: those wait whole.
+    slice_s = _SIGNAL_SLICE_S if threading.current_thread() is threading.main_thread() else None
     try:
         start_on_loop(model_loop(), coro, done, settled.put)
-        settled.get(timeout=bound)
+        if slice_s is None:
+            settled.get(timeout=bound)
+        else:
+            deadline = None if bound is None else time.monotonic() + bound
+            while True:
+                left = slice_s if deadline is None else min(slice_s, deadline - time.monotonic())
+                try:
+                    settled.get(timeout=max(0.0, left))
+                    break
+                except queue.Empty:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise
     except queue.Empty:
         give_up(done)
         raise TimeoutError(f"no answer within {timeout} s") from None
@@ -112,6 +129,10 @@ def wait_on_loop(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> 
         give_up(done)
         raise
     return done.result()
+
+
+#: how long the main thread waits on a call between looks for a signal that came meanwhile
+_SIGNAL_SLICE_S = 0.1
 
 
 def _cancel_given_up() -> None:

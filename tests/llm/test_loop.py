@@ -120,6 +120,36 @@ def test_an_interrupted_wait_cancels_its_call(attempt: int, monkeypatch: pytest.
         )
 
 
+def test_a_ctrl_c_another_thread_takes_ends_the_main_threads_wait_at_once() -> None:
+    """A terminal's Ctrl-C is sent to the process; when another thread takes it (here the main
+    thread holds SIGINT back, as it may at that moment), Python asks the main thread to raise
+    KeyboardInterrupt at its next bytecode, but a main thread blocked on the call's answer has
+    none to run until the call ends. Its wait is sliced: the interrupt is raised within a fraction
+    of a second, and the call is cancelled."""
+    call = SleepingCall()
+    loop_module.model_loop()
+
+    def ctrl_c_to_the_process() -> None:
+        if call.started.wait(10):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with sigint_raises():
+        threading.Thread(target=ctrl_c_to_the_process, daemon=True).start()
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        t0 = time.monotonic()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                try:
+                    wait_on_loop(call.call())
+                finally:
+                    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        waited = time.monotonic() - t0
+    assert waited < 5, f"the interrupt was raised after {waited:.1f} s"
+    assert call.cancelled.wait(10), "the call went on"
+
+
 class SecondCtrlC:
     """A trace function of the main thread that sends a second Ctrl-C at the `at`-th Python
     function to start after the first KeyboardInterrupt was raised, until the wait ends: where the
