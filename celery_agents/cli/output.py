@@ -171,9 +171,10 @@ def render_turns(view: SessionView, console: Console | None = None, thinking: bo
                 for m in q.get("media", []):
                     console.print(f"  [dim]attached {escape(m.get('filename') or m['mime_type'])}[/]")
             for r in turn.get("tool_responses", []):
-                style = "red" if r.get("is_error") else "magenta"
+                # Said in words too: without colours (a pipe, a log) an error reads as one.
+                style, label = ("red", "error") if r.get("is_error") else ("magenta", "result")
                 console.print(
-                    f"[{style}]result[/] {escape(r['tool'])} {escape('[' + r['call_id'] + ']')}: "
+                    f"[{style}]{label}[/] {escape(r['tool'])} {escape('[' + r['call_id'] + ']')}: "
                     f"{escape(_short(r.get('content'), 300))}"
                 )
         else:

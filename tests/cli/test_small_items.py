@@ -157,6 +157,9 @@ def test_a_run_whose_tools_failed_says_so(llm_server: LlmServer, qenv: dict[str,
     run = agents("run", "--agent-file", agent, "-p", "x", env=qenv)
     assert run.returncode == 0 and run.stdout == "I could not check, sorry\n", str(run)
     assert "1 tool call(s) failed" in run.stderr and "broken: the weather service is down" in run.stderr, str(run)
+    sid = ok(agents("session", "list", "--json", env=qenv))["sessions"][0]["session_id"]
+    shown = agents("session", "show", sid, env=qenv).stdout  # no colours in a pipe: said in words
+    assert "error broken [" in shown and "result broken [" not in shown, shown
 
 
 def test_doctor_fails_while_messages_wait_on_a_queue_no_worker_consumes(
