@@ -154,6 +154,12 @@ def test_the_compose_files_sentinel_set_fails_over_and_the_session_completes(
                 what="the worker to apply the completion on the new primary",
             )
         assert "booked" in (done.response or "")
-        assert compose_set.admin(new).info("replication")["connected_slaves"] == 1, "the other replica follows it"
+        # The sentinels point the other replica at the promoted one after the promotion (and it
+        # syncs from it): seconds on a loaded machine, so waited for, not read once.
+        wait_for(
+            lambda: compose_set.admin(new).info("replication")["connected_slaves"] == 1,
+            timeout=60,
+            what="the other replica to follow the promoted one",
+        )
     finally:
         worker.stop()
