@@ -48,6 +48,7 @@ from celery_agents.model import (
     SessionView,
     State,
     Status,
+    TrackedCall,
     UserQuery,
     VersionEntry,
     call_digest,
@@ -725,6 +726,17 @@ class Client:
             self.driver.wake(w.session_id, w.version, w.priority)
         return key
 
+    def isolated_waiting(self, session_id: str) -> int:
+        """How many of the session's runIsolated calls wait to run (what `run_isolated` would run)."""
+        return len(self._isolated_waiting(self.resolve(session_id)))
+
+    def _isolated_waiting(self, session_id: str) -> builtins.list[TrackedCall]:
+        return [
+            call
+            for call in self.store.pending_calls(session_id)
+            if call.runs_as == "runIsolated" and call.state == CallState.RUNNING
+        ]
+
     def run_isolated(self, session_id: str) -> SessionView:
         """Run this session's unfinished runIsolated calls here, sandboxed, and record their results."""
         from celery_agents.runtime import run_call
@@ -732,9 +744,7 @@ class Client:
         session_id = self.resolve(session_id)
         store = self.store
         finished = []
-        for call in store.pending_calls(session_id):
-            if call.runs_as != "runIsolated" or call.state != CallState.RUNNING:
-                continue
+        for call in self._isolated_waiting(session_id):
             res = run_call(store, session_id, call.field, self.runners.isolated, self.owner, "runIsolated")
             if res.finished is not None:
                 finished.append(res.finished)

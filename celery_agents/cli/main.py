@@ -680,6 +680,10 @@ def session_extend(
 def session_run_isolated(session_id: SessionArg, as_json: JsonOpt = False) -> None:
     """Run the session's unfinished runIsolated calls in this process, sandboxed, and record them."""
     with _command(as_json) as client:
+        if not client.isolated_waiting(session_id):
+            from celery_agents.cli.output import err
+
+            err.print("no runIsolated call of this session waits to run: nothing ran", highlight=False)
         _print_view(client.run_isolated(session_id), as_json)
 
 

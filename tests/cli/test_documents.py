@@ -115,6 +115,7 @@ def test_resume_runs_the_session_to_its_answer(flow: dict[str, Any]) -> None:
     v = check_view(ok(flow["resume"]))
     assert (v["state"], v["head"], v["response"], v["pending"]) == ("completed", "LlmTurn", "all done", [])
     assert check_view(ok(flow["run_isolated"]))["state"] == "completed"
+    assert "no runIsolated call of this session waits to run: nothing ran" in flow["run_isolated"].stderr
 
 
 def test_resuming_a_completed_session_is_its_view_a_cancelled_one_a_conflict(flow: dict[str, Any]) -> None:
