@@ -201,7 +201,7 @@ def _say_sent(view: Any) -> None:
     from celery_agents.cli.output import err
 
     if view.sent == "continued":
-        err.print("the message continued the conversation")
+        err.print("the message continued the conversation: the session goes on, the message to its next model call")
     else:
         n = len(view.queued)
         waiting = f" ({n} message{'s' if n != 1 else ''} waiting)" if n else ""
