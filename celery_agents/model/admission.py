@@ -47,7 +47,7 @@ class ModelLimit(BaseModel):
     """The limits of one KEY; a kind left out is not limited. Each is at least 1: a limit of 0
     would stop every call for good (delete the limit, or pause the session, instead)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)  # built on first use
 
     #: model calls started per minute
     rpm: int | None = Field(default=None, ge=1, le=10_000_000)

@@ -108,8 +108,9 @@ try:
 except SystemExit as exc:
     code = exc.code
 from celery_agents.model import AgentSpec, Disposition, LlmTurn, SessionHeader, SessionView, UserTurn
+from celery_agents.model.admission import ModelLimit
 from celery_agents.store.codec import STORED_TURN
-models = (AgentSpec, Disposition, LlmTurn, SessionHeader, SessionView, UserTurn)
+models = (AgentSpec, Disposition, LlmTurn, SessionHeader, SessionView, UserTurn, ModelLimit)
 built = [m.__name__ for m in models if m.__pydantic_complete__]
 built += ["STORED_TURN"] if STORED_TURN.pydantic_complete else []
 from celery_agents.store.scripts import script_source
