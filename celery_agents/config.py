@@ -393,10 +393,7 @@ def _check_url(variable: str, url: str) -> None:
         why = f"not a Redis URL: it starts with one of {', '.join(s + '://' for s in STATE_SCHEMES)}"
     elif scheme in ("redis", "rediss"):
         try:
-            parts = urlsplit(url)
-            parts.port  # noqa: B018 - raises on a port that is not a number
-            if not parts.hostname:
-                why = "no host"
+            urlsplit(url).port  # noqa: B018 - raises on a port that is not a number (no host: localhost)
         except ValueError as exc:
             why = str(exc)
     elif scheme.endswith(("+sentinel", "+cluster")):
