@@ -258,3 +258,25 @@ def test_an_approved_delegation_is_the_tool_call_counted_when_asked_and_past_the
         assert client.view(child).response == "found", "approved, the child ran"
         assert done.spent.tool_calls == 1, "counted once: when asked, not again when the child started"
         assert (done.spent.model_calls, done.spent.tokens) == (3, 7 + 2 * 12)
+
+
+def test_limits_and_grants_stay_numbers_the_budget_reads_back_exactly(settings: Settings) -> None:
+    """Redis's scripts add a grant as a Lua number and write the budget back with 14 significant
+    digits: a grant of 9223372036854775000 model calls came back as 9.2233720368548e+18, which no
+    integer parser reads, and every `session list` of the prefix failed. Limits and grants beyond
+    10^13 (costUsd 10^9, and never inf or nan) are refused; a sum of grants stays at the bound."""
+    from celery_agents.model.budget import MAX_COUNT_LIMIT, parse_grant
+
+    for grant in ("modelCalls=9223372036854775000", "tokens=99999999999999999999", "costUsd=inf", "costUsd=1e308"):
+        with pytest.raises(ValueError, match=r"less than or equal|finite"):
+            parse_grant(grant)
+    with pytest.raises(Exception, match="less than or equal"):
+        agent({"modelCalls": 10**18})
+    llm = ScriptedLlm(ask(1), ask(2), ask(3), llm_turn(text="done"))
+    with Client(settings, inline=True, llm=llm, tools=RecordingTools()) as client:
+        view = client.start(agent({"modelCalls": 1}), "go", run=True)
+        assert view.error is not None and view.error.code == "budget_exceeded"
+        for _ in range(3):  # each at the bound: their sum is kept at it
+            view = client.resume(view.session_id, grant=parse_grant(f"modelCalls={MAX_COUNT_LIMIT}"), wait=False)
+        assert client.show(view.session_id).budget == Budget(model_calls=MAX_COUNT_LIMIT)
+        assert view.session_id in [v.session_id for v in client.list()]

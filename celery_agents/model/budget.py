@@ -28,13 +28,21 @@ class _Model(BaseModel):
     )
 
 
+#: the largest count a limit (or a grant) may be: Redis's scripts add limits as Lua numbers
+#: (doubles) and write them back as JSON with 14 significant digits, so a count beyond that would
+#: come back changed, or in a form no integer parser reads (set_drive.lua keeps a sum within it)
+MAX_COUNT_LIMIT = 10**13
+#: the largest `costUsd` limit (or grant)
+MAX_COST_LIMIT = 1e9
+
+
 class Budget(_Model):
     """Limits of a session together with all its sub-agents; a limit left out is no limit."""
 
-    tokens: int | None = Field(default=None, ge=0)
-    cost_usd: float | None = Field(default=None, alias="costUsd", ge=0)
-    model_calls: int | None = Field(default=None, alias="modelCalls", ge=0)
-    tool_calls: int | None = Field(default=None, alias="toolCalls", ge=0)
+    tokens: int | None = Field(default=None, ge=0, le=MAX_COUNT_LIMIT)
+    cost_usd: float | None = Field(default=None, alias="costUsd", ge=0, le=MAX_COST_LIMIT, allow_inf_nan=False)
+    model_calls: int | None = Field(default=None, alias="modelCalls", ge=0, le=MAX_COUNT_LIMIT)
+    tool_calls: int | None = Field(default=None, alias="toolCalls", ge=0, le=MAX_COUNT_LIMIT)
 
     def limit(self, kind: BudgetKind) -> float | None:
         value: float | None = getattr(self, _ATTR[kind])

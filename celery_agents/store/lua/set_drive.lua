@@ -19,7 +19,8 @@ if grant ~= '' then
   if raw and raw ~= '' then
     local budget = cjson.decode(raw)
     for kind, more in pairs(cjson.decode(grant)) do
-      if budget[kind] ~= nil then budget[kind] = budget[kind] + more end
+      -- within what the budget's model reads back exactly (budget.py MAX_COUNT_LIMIT, MAX_COST_LIMIT)
+      if budget[kind] ~= nil then budget[kind] = math.min(budget[kind] + more, kind == 'costUsd' and 1e9 or 1e13) end
     end
     redis.call('HSET', K.meta, 'budget', cjson.encode(budget))
   end
