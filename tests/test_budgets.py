@@ -76,6 +76,24 @@ def test_tool_calls_past_the_limit_in_one_answer_never_run_and_a_grant_goes_on(s
         assert "not run: budget exceeded" in str(told[2]["content"])
 
 
+def test_runasync_calls_within_the_limit_run_though_the_step_stopped_the_session(settings: Settings) -> None:
+    """One answer asks for five runAsync calls against a limit of two: the session fails
+    budget_exceeded in the commit that dispatches the two within it, and those two run all the
+    same (their results wait for the grant), where they stayed queued for ever."""
+    five = llm_turn(*((f"c{i}", "lookup", "{}") for i in range(5)))
+    llm = ScriptedLlm(five, llm_turn(text="done"))
+    tools = RecordingTools()
+    spender = agent({"toolCalls": 2}, executionMode="asynchronous", toolCallPolicy={"default": "runAsync", "rules": []})
+    with Client(settings, inline=True, llm=llm, tools=tools) as client:
+        view = client.start(spender, "go", run=True)
+        assert view.state == State.FAILED and view.error is not None and view.error.code == "budget_exceeded"
+        assert sorted(tools.ran) == ["c0", "c1"], "the two within the limit ran"
+        assert view.spent.tool_calls == 2
+        assert client.pending(view.session_id) == [], "nothing is left queued"
+        done = client.resume(view.session_id, grant=Budget(tool_calls=5))
+        assert done.state == State.COMPLETED and sorted(tools.ran) == ["c0", "c1"]
+
+
 def test_a_child_s_tool_calls_exhaust_the_parent_s_budget(settings: Settings) -> None:
     helper = {"slug": "helper", "model": "fake/helper", "tools": [LOOKUP]}
     boss = parse_agent(

@@ -45,7 +45,7 @@ def run_call(store: Store, session_id: str, field: str, tools: ToolPort, owner: 
     if found is None:
         return CallRun(status="unknown")
     call = found.call
-    if not found.pending or found.status != "active":
+    if not found.pending or not found.runnable:
         return CallRun(status="already", call=call)
     lease = store.call_lock(session_id, field)
     if not store.acquire(lease, owner):

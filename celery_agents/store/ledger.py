@@ -14,7 +14,7 @@ from redis.exceptions import LockError
 from redis.lock import Lock
 
 from celery_agents.config import Settings
-from celery_agents.errors import UnknownToken
+from celery_agents.errors import BudgetExceeded, UnknownToken
 from celery_agents.model import CallState, TrackedCall
 from celery_agents.store.connection import translated
 from celery_agents.store.ids import parse_token
@@ -53,6 +53,14 @@ class CallToRun:
     #: tools granted for the rest of the session (`approve --for-session`): name -> schema digest,
     #: only those whose seal verifies when AGENTS_SPEC_KEY is set
     grants: dict[str, str] = field(default_factory=dict)
+    #: the session failed `budget_exceeded`: in the step that dispatched this call, the calls
+    #: within the limit were dispatched and the session stopped after them; they run all the same
+    stopped_by_budget: bool = False
+
+    @property
+    def runnable(self) -> bool:
+        """Its session lets a pending call run: active, or stopped by its budget after it."""
+        return self.status == "active" or (self.status == "failed" and self.stopped_by_budget)
 
 
 class CallLease(Lock):
@@ -81,8 +89,8 @@ class CallLedger:
         pipe = self.client.pipeline(transaction=False)
         pipe.hget(k.calls(session_id), field)
         pipe.hexists(k.pending(session_id), field)
-        pipe.hmget(k.meta(session_id), ["agent_hash", "status", "grants"])
-        raw, is_pending, (agent_hash, status, grants) = self.through_outage(pipe.execute)
+        pipe.hmget(k.meta(session_id), ["agent_hash", "status", "grants", "error_code"])
+        raw, is_pending, (agent_hash, status, grants, error_code) = self.through_outage(pipe.execute)
         if raw is None or agent_hash is None:
             return None
         call = TrackedCall.model_validate_json(raw)
@@ -90,7 +98,8 @@ class CallLedger:
         if decision is not None:
             call = call.model_copy(update={"state": CallState.RUNNING})
         granted = trusted_grants(self.settings.spec_key, session_id, json.loads(grants) if grants else {})
-        return CallToRun(call, bool(is_pending), agent_hash, status, decision, granted)
+        stopped = error_code == BudgetExceeded.code
+        return CallToRun(call, bool(is_pending), agent_hash, status, decision, granted, stopped_by_budget=stopped)
 
     def decision_of(self, session_id: str, call: TrackedCall) -> Decided | None:
         """The approval complete_token.lua recorded on the call's token: the token is this
