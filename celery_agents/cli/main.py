@@ -232,7 +232,7 @@ def _progress(as_json: bool, client: Any) -> Any:
         found: dict[str, str] = client.tokens(session_id)
         return found
 
-    if client.inline and "--timeout" in _ARGV:
+    if client.inline and any(a == "--timeout" or a.startswith("--timeout=") for a in _ARGV):
         from celery_agents.cli.output import err
 
         err.print(

@@ -280,6 +280,8 @@ def test_a_timeout_inline_says_that_this_process_runs_the_steps_to_their_end(tmp
     run = agents("session", "start", "--agent-file", demo, "-p", "hi", "--run", "--timeout", "5", "--json", env=env)
     assert ok(run)["state"] in ("completed", "waiting")
     assert "--timeout bounds the wait for workers; here this process runs the steps" in run.stderr
+    joined = agents("session", "start", "--agent-file", demo, "-p", "hi", "--run", "--timeout=5", "--json", env=env)
+    assert "--timeout bounds the wait for workers" in joined.stderr, joined.stderr
     quiet = agents("session", "start", "--agent-file", demo, "-p", "hi", "--run", "--json", env=env)
     assert "--timeout" not in quiet.stderr
 
