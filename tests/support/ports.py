@@ -2,7 +2,9 @@
 HTTP servers). A port is picked at random below the kernel's ephemeral range and checked free:
 a port the kernel hands out for binding port 0 comes from that range, which every outgoing
 connection of the suite takes its local port from too, so between the pick and the server's bind
-a client's connection could take it ("Address already in use": a server that never answered)."""
+a client's connection could take it ("Address already in use": a server that never answered). A port is
+never handed out twice in one process (a Cluster picks twelve before any server binds one); a
+port another test process picks at the same moment is what `RedisServer.start` retries."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from pathlib import Path
 
 _RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 _pick = random.SystemRandom()
+_given: set[int] = set()
 
 
 def _below_ephemeral() -> tuple[int, int]:
@@ -27,11 +30,14 @@ def free_port() -> int:
     low, high = _below_ephemeral()
     for _ in range(200):
         port = _pick.randrange(low, high)
+        if port in _given:
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
+            _given.add(port)
             return port
     with socket.socket() as s:  # the whole range busy: whatever the kernel gives
         s.bind(("127.0.0.1", 0))
