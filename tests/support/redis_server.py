@@ -97,7 +97,8 @@ class RedisServer:
             # answered by this process, not by whatever else listens there while it fails to bind
             while time.monotonic() < deadline and proc.poll() is None:
                 try:
-                    if self._answering(client) == proc.pid:
+                    # and has its data loaded: INFO answers while it loads, PING does not
+                    if self._answering(client) == proc.pid and client.ping():
                         return True
                 except (redis.ConnectionError, redis.TimeoutError):
                     pass
