@@ -95,6 +95,67 @@ def event_from_entry(eid: str, fields: dict[str, str]) -> dict[str, Any]:
     }
 
 
+#: what a packed value (`packed_entries`) writes as one control character each: the n-th word as
+#: character n, the newline skipped (store/lua/_lib.lua `PACK_WORDS`, the same list)
+PACK_WORDS = (
+    ',"usage":{"prompt_tokens":',
+    '{"request":"","owner":"',
+    ',"completion_tokens":',
+    '","disposition":"',
+    '{"from_version":',
+    "session_started\n",
+    "token_completed\n",
+    "tool_dispatched\n",
+    '","duration_ms":',
+    ',"total_tokens":',
+    "step_committed\n",
+    '","tool_calls":',
+    "PartialUserTurn",
+    "token_created\n",
+    "tool_finished\n",
+    '","request":"',
+    "step_started\n",
+    '{"call_id":"',
+    '","reason":"',
+    '","state":"',
+    '","agent":"',
+    "llm_called\n",
+    '{"model":"',
+    '{"drive":"',
+    '","kind":"',
+    '","tool":"',
+    ',"head":"',
+    ',"cost":',
+    "UserTurn",
+    "LlmTurn",
+)
+_UNPACK = [(chr(i + 1 if i < 9 else i + 2), word) for i, word in enumerate(PACK_WORDS)]
+
+
+def packed_entries(packed: str) -> StreamEntries:
+    """The events of a waiting session's packed value (`Keys.packed`, store/lua/_lib.lua
+    `pack_events`) as its stream held them: each entry's id is kept as the milliseconds since the
+    previous entry's, and each of `PACK_WORDS` as one control character."""
+    for code, word in _UNPACK:
+        packed = packed.replace(code, word)
+    lines = packed.split("\n")
+    out: StreamEntries = []
+    ms = 0
+    for i in range(1, len(lines) - 4, 4):
+        step, _, seq = lines[i].partition("-")
+        if not (step.isdigit() and seq.isdigit()):
+            break  # not as written (another Redis client's value): the rest is left out, as Lua does
+        ms += int(step)
+        out.append((f"{ms}-{seq}", {"type": lines[i + 1], "version": lines[i + 2], "data": lines[i + 3]}))
+    return out
+
+
+def stream_id(eid: str) -> tuple[int, int]:
+    """A stream entry id as a pair of numbers (ids compare as those, not as text)."""
+    ms, _, seq = eid.partition("-")
+    return int(ms), int(seq or 0)
+
+
 def unfinished_rows(
     raw_calls: list[str | None], raw_results: list[str | None], started: list[str | None]
 ) -> list[tuple[TrackedCall, bool]]:

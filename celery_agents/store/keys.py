@@ -29,6 +29,7 @@ SESSION_KEY_NAMES = (
     "pending",
     "journal",
     "events",
+    "packed",
     "lease",
     "inbox",
     "children",
@@ -145,6 +146,12 @@ class Keys:
     def events(self, sid: str) -> str:
         """Stream of the session's events, capped."""
         return self.session(sid, "events")
+
+    def packed(self, sid: str) -> str:
+        """String: the events of a session left waiting, packed (store/lua/_lib.lua `pack_events`:
+        a stream costs ~600 bytes before its first entry); its next event puts them back in the
+        stream. Lines: `1 <last id>`, then id, type, version, data of each event."""
+        return self.session(sid, "packed")
 
     def lease(self, sid: str) -> str:
         """String: the worker running a step of the session, with a time to live."""

@@ -155,7 +155,9 @@ class LiveStore(StoreCore):
 
     def write_deltas(self, session_id: str, version: int, deltas: list[Delta]) -> list[str]:
         """Append deltas to the session's events in one round trip (no retry through an outage: a
-        delta that does not get there loses nothing); their ids, for the commit to delete."""
+        delta that does not get there loses nothing); their ids, for the commit to delete. Only to
+        a stream that is there: a step's own first event brought back one that was packed (while
+        waiting), and a delta never makes one beside a packed value."""
         key = self.keys.events(session_id)
         entries = [
             {
@@ -166,11 +168,13 @@ class LiveStore(StoreCore):
             for kind, text, offset in deltas
         ]
         if len(entries) == 1:  # the common batch: one piece of text (a pipeline costs more CPU)
-            return [str(self.client.xadd(key, entries[0]))]  # type: ignore[arg-type]  # redis-py's types are too narrow
-        pipe = self.client.pipeline(transaction=False)
-        for entry in entries:
-            pipe.xadd(key, entry)  # type: ignore[arg-type]
-        return [str(i) for i in pipe.execute()]
+            ids = [self.client.xadd(key, entries[0], nomkstream=True)]  # type: ignore[arg-type]  # redis-py's types are too narrow
+        else:
+            pipe = self.client.pipeline(transaction=False)
+            for entry in entries:
+                pipe.xadd(key, entry, nomkstream=True)  # type: ignore[arg-type]
+            ids = pipe.execute()
+        return [str(i) for i in ids if i is not None]
 
     def watch_interrupts(self, session_id: str) -> InterruptWatch:
         """Hear the session's interrupts (`send --interrupt`) from now on, until `close`."""

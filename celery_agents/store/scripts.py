@@ -31,8 +31,9 @@ STANDALONE = frozenset(
 )
 # Session scripts that only read, or whose repetition is harmless and whose reply is the whole
 # session (begin_step: the same owner takes its own lease again), or that answer their own retries
-# (commit_step: `last_commit` in the header): not wrapped in `once`.
-_NOT_ONCE = frozenset({"begin_step", "load_session", "commit_step"})
+# (commit_step: `last_commit` in the header), or that change nothing a reader sees (pack_waiting):
+# not wrapped in `once`.
+_NOT_ONCE = frozenset({"begin_step", "load_session", "commit_step", "pack_waiting"})
 #: scripts that write nothing: no replica has anything to acknowledge
 _READ_ONLY = frozenset({"load_session"})
 

@@ -7,7 +7,15 @@ from collections.abc import Iterator
 from typing import Any, cast
 
 from celery_agents.model import PendingCall, QueuedMessage, SessionHeader, UserQuery
-from celery_agents.store.codec import StreamEntries, event_from_entry, merge_outcome, pending_view, unfinished_rows
+from celery_agents.store.codec import (
+    StreamEntries,
+    event_from_entry,
+    merge_outcome,
+    packed_entries,
+    pending_view,
+    stream_id,
+    unfinished_rows,
+)
 from celery_agents.store.core import StoreCore
 from celery_agents.store.records import Live
 
@@ -109,19 +117,30 @@ class ViewStore(StoreCore):
         return [member for member, _ in rows[:limit]]
 
     def last_event_id(self, session_id: str) -> str:
-        last = cast("StreamEntries", self.client.xrevrange(self.keys.events(session_id), count=1))
+        pipe = self.client.pipeline(transaction=False)
+        pipe.xrevrange(self.keys.events(session_id), count=1)
+        pipe.get(self.keys.packed(session_id))
+        last, packed = cast("tuple[StreamEntries, str | None]", pipe.execute())
+        if not last and packed:  # a waiting session's events, packed
+            last = packed_entries(packed)[-1:]
         return last[0][0] if last else "0-0"
 
     def read_events(
         self, session_id: str, after: str = "0-0", block_ms: int | None = None, count: int = 500
     ) -> list[dict[str, Any]]:
+        """The session's events after `after` (at most `count`); with `block_ms`, when there are
+        none yet, the first ones to come within that time. The events of a session left waiting
+        are packed into one value (`Keys.packed`), its stream gone until its next event: they are
+        read from there, and a blocked read wakes when that event brings the stream back."""
         key = self.keys.events(session_id)
-        raw: StreamEntries
-        if block_ms is None:
-            raw = cast(
-                "StreamEntries", self.client.xrange(key, min=f"({after}" if after != "0-0" else "-", count=count)
-            )
-        else:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.xrange(key, min=f"({after}" if after != "0-0" else "-", count=count)
+        pipe.get(self.keys.packed(session_id))
+        raw, packed = cast("tuple[StreamEntries, str | None]", pipe.execute())
+        if not raw and packed:
+            since = stream_id(after)
+            raw = [e for e in packed_entries(packed) if stream_id(e[0]) > since][:count]
+        if not raw and block_ms is not None:
             # RESP2: [[stream, entries]] for the one stream asked, or nothing once the block ran out.
             res = cast("list[tuple[str, StreamEntries]]", self.client.xread({key: after}, block=block_ms, count=count))
             raw = res[0][1] if res else []

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import redis
 
+from celery_agents.store.codec import packed_entries
 from tests.cli.probe import write_probe_agent
 from tests.cli.process import agents, check_error, check_view, cli_env, ok, poll, snapshot
 from tests.support.llm_server import LlmServer, Reply, calls, error, text
@@ -45,13 +46,22 @@ class Unchanged:
         self.rejections: list[str] = []
 
     def __enter__(self) -> Unchanged:
-        self.before = snapshot(self.client, self.prefix)
+        self.before = self._snapshot()
         return self
+
+    def _snapshot(self) -> dict[str, Any]:
+        """Under the prefix, a waiting session's packed events read as the stream they stand for
+        (its next event, a rejection, brings the stream back)."""
+        keys = snapshot(self.client, self.prefix)
+        for key in [k for k in keys if k.endswith(":packed")]:
+            _, value = keys.pop(key)
+            keys[key.removesuffix(":packed") + ":events"] = ("stream", packed_entries(value))
+        return keys
 
     def __exit__(self, exc_type: Any, *_: Any) -> None:
         if exc_type is not None:
             return
-        after = snapshot(self.client, self.prefix)
+        after = self._snapshot()
         for key, (kind, entries) in after.items():
             if kind != "stream" or not key.endswith(":events") or key not in self.before:
                 continue

@@ -41,7 +41,11 @@ def test_a_python_tool_past_its_timeout_is_killed_and_the_worker_goes_on(
                 {"name": "spin", "description": "spins", "python": "tests.tools.sample_tools:spin"},
                 {"name": "quick", "description": "adds", "python": "tests.tools.sample_tools:add"},
             ],
-            "toolCallPolicy": {"default": {"tag": disposition, "timeoutSeconds": 1}},
+            # the quick call has room: on a machine busy with other tests a fork may take a second
+            "toolCallPolicy": {
+                "default": {"tag": disposition, "timeoutSeconds": 1},
+                "rules": [{"tool": "quick", "disposition": {"tag": disposition, "timeoutSeconds": 30}}],
+            },
         }
     )
     processes = {p for w in workers for p in descendants(w.proc.pid)}

@@ -38,13 +38,99 @@ local function set_version(v)
   VERSION = tostring(v)
 end
 
+-- A waiting session's events are packed (`pack_events`): one string (`K.packed`) instead of a
+-- stream, which costs ~600 bytes of Redis memory before its first entry. Its lines: the format and
+-- the stream's last id (`1 <id>`), then four per entry: its id as `<ms>-<seq>` with `<ms>` less
+-- the previous entry's (the first's whole), type, version, data (no value holds a newline: each is
+-- a word, a number or JSON text), each of `PACK_WORDS` in that text written as one control
+-- character (1 to 31 but the newline; JSON text holds none): the usual events take a third of
+-- their text (store/codec.py `packed_entries` reads it; tests hold the two lists equal). The next
+-- event puts them back into the stream, under their ids, before it is added: XADD with NOMKSTREAM
+-- finds no stream (one command more then, and when a session's first event makes its stream), so
+-- a stream that is there costs nothing more.
+local PACKED_MAX = 128
+-- longest first: a word inside a longer one is replaced after it
+local PACK_WORDS = {
+  ',"usage":{"prompt_tokens":', '{"request":"","owner":"', ',"completion_tokens":', '","disposition":"',
+  '{"from_version":', 'session_started\n', 'token_completed\n', 'tool_dispatched\n',
+  '","duration_ms":', ',"total_tokens":', 'step_committed\n', '","tool_calls":',
+  'PartialUserTurn', 'token_created\n', 'tool_finished\n', '","request":"',
+  'step_started\n', '{"call_id":"', '","reason":"', '","state":"',
+  '","agent":"', 'llm_called\n', '{"model":"', '{"drive":"',
+  '","kind":"', '","tool":"', ',"head":"', ',"cost":',
+  'UserTurn', 'LlmTurn',
+}
+local function pack_code(i)
+  return string.char(i < 10 and i or i + 1)
+end
+local function unpack_events()
+  local packed = redis.call('GET', K.packed)
+  if not packed then return end
+  for i, word in ipairs(PACK_WORDS) do
+    packed = string.gsub(packed, pack_code(i), (string.gsub(word, '%%', '%%%%')))
+  end
+  local lines, n = {}, 0
+  for line in string.gmatch(packed, '([^\n]*)\n') do
+    n = n + 1
+    lines[n] = line
+  end
+  -- What does not read as it was written (a value some other Redis client wrote) is left out:
+  -- the session's next event is written whatever became of its earlier ones.
+  local ms = 0
+  for i = 2, n - 3, 4 do
+    local step, seq = string.match(lines[i], '^(%d+)-(%d+)$')
+    if not step then break end
+    ms = ms + tonumber(step)
+    redis.pcall('XADD', K.events, string.format('%d-%s', ms, seq), 'type', lines[i + 1], 'version', lines[i + 2],
+      'data', lines[i + 3])
+  end
+  local last = string.match(lines[1] or '', '^1 (%d+-%d+)$')
+  if last then redis.pcall('XSETID', K.events, last) end
+  redis.call('DEL', K.packed)
+end
+-- Pack the events of a session left waiting (a short stream, every entry `type`, `version`,
+-- `data` with no control character in them: else it stays a stream).
+local function pack_events()
+  local n = redis.call('XLEN', K.events)
+  if n == 0 or n > PACKED_MAX then return end
+  local entries = redis.call('XRANGE', K.events, '-', '+')
+  local out, before = {}, 0
+  for _, e in ipairs(entries) do
+    local f = e[2]
+    if #f ~= 6 or f[1] ~= 'type' or f[3] ~= 'version' or f[5] ~= 'data' then return end
+    for j = 2, 6, 2 do
+      if string.find(f[j], '%c') then return end
+    end
+    local ms, seq = string.match(e[1], '^(%d+)-(%d+)$')
+    ms = tonumber(ms)
+    out[#out + 1] = string.format('%d-%s\n', ms - before, seq) .. f[2] .. '\n' .. f[4] .. '\n' .. f[6] .. '\n'
+    before = ms
+  end
+  local info = redis.call('XINFO', 'STREAM', K.events)
+  local last
+  for i = 1, #info, 2 do
+    if info[i] == 'last-generated-id' then last = info[i + 1] end
+  end
+  local text = '1 ' .. last .. '\n' .. table.concat(out)
+  for i, word in ipairs(PACK_WORDS) do
+    text = string.gsub(text, (string.gsub(word, '[%^%$%(%)%%%.%[%]%*%+%-%?]', '%%%0')), pack_code(i))
+  end
+  redis.call('SET', K.packed, text)
+  redis.call('DEL', K.events)
+end
+
+local function xadd_event(...)
+  local id = redis.call('XADD', K.events, 'NOMKSTREAM', 'MAXLEN', '~', MAXLEN, '*', ...)
+  if id then return id end
+  unpack_events()
+  return redis.call('XADD', K.events, 'MAXLEN', '~', MAXLEN, '*', ...)
+end
+
 local function emit(kind, data)
   if GIVEN_NOW then
-    return redis.call('XADD', K.events, 'MAXLEN', '~', MAXLEN, '*',
-      'type', kind, 'at', NOW, 'version', version(), 'data', data or '{}')
+    return xadd_event('type', kind, 'at', NOW, 'version', version(), 'data', data or '{}')
   end
-  local id = redis.call('XADD', K.events, 'MAXLEN', '~', MAXLEN, '*', 'type', kind, 'version', version(),
-    'data', data or '{}')
+  local id = xadd_event('type', kind, 'version', version(), 'data', data or '{}')
   if not NOW_MS then
     NOW_MS = tonumber(string.match(id, '^(%d+)'))
     NOW = string.format('%.3f', NOW_MS / 1000)

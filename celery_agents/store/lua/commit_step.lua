@@ -26,37 +26,6 @@
 -- its model calls, tokens and inline tool calls) are added whether it commits or not (its model
 -- calls were made), with its outcome (`agents_steps_total`); a retry's reply adds nothing.
 local c = cjson.decode(ARGV[4])
--- Redis gives a stream's newest node the room of a whole node when it makes it (4 KB, whatever
--- `stream-node-max-bytes` above that) and keeps it until the node fills: a session left waiting
--- on outside work, with its few events, would hold it for as long as it waits. DUMP and RESTORE
--- rewrite the stream at its size (the next event grows it as needed); only a short one, so that
--- the rewrite stays small (a long stream's last node is a small part of it). A user not allowed
--- RESTORE (it is in @dangerous) keeps the stream as it is: the commit is done either way. Entries
--- deleted from it (streamed deltas, deleted by the commits of their steps) keep their room in the
--- node, and DUMP keeps them: a stream holding some (more entries added than it holds: a short
--- stream was never trimmed) is written again first, its entries under their ids, its last id kept.
-local COMPACT_EVENTS_MAX = 128
-local function rewrite_events(n)
-  local info = redis.call('XINFO', 'STREAM', K.events)
-  local added, last
-  for i = 1, #info, 2 do
-    if info[i] == 'entries-added' then added = tonumber(info[i + 1]) end
-    if info[i] == 'last-generated-id' then last = info[i + 1] end
-  end
-  -- Redis < 7 does not count what was added: this commit's own deletions tell.
-  if (added or (c.deltas and n + #c.deltas) or n) <= n then return end
-  local entries = redis.call('XRANGE', K.events, '-', '+')
-  redis.call('DEL', K.events)
-  for _, e in ipairs(entries) do redis.call('XADD', K.events, e[1], unpack(e[2])) end
-  if #entries > 0 then redis.call('XSETID', K.events, last) end
-end
-local function compact_events()
-  local n = redis.call('XLEN', K.events)
-  if n == 0 or n > COMPACT_EVENTS_MAX then return end
-  rewrite_events(n)
-  local dumped = redis.pcall('DUMP', K.events)
-  if type(dumped) == 'string' then redis.pcall('RESTORE', K.events, 0, dumped, 'REPLACE') end
-end
 -- What the step spent, added to each session above this one (their headers follow the token
 -- keys); this session's own with `own` (the fleet's: `add_step_counts`).
 local function spend_above(spend, own)
@@ -207,5 +176,4 @@ end
 if c.spend then spend_above(c.spend, false) end
 add_step_counts('committed', c.spend)
 drop_claims()
-if owed == 0 and c.state == 'waiting' then compact_events() end
 return {'ok', version, owed}
