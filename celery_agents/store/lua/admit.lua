@@ -75,10 +75,10 @@ for i = 1, nkeys do
   if configs[i] then
     local c = cjson.decode(configs[i])
     local base = 3 + (i - 1) * 3
-    local s = redis.call('HMGET', KEYS[base + 1], 'req_tat', 'tok_tat', 'minute', 'req', 'tok')
+    local s = redis.call('HMGET', KEYS[base + 1], 'req_tat', 'tok_tat', 'minute', 'req', 'tok', 'corr')
     limits[i] = c
     states[i] = {tonumber(s[1]) or 0, tonumber(s[2]) or 0, tonumber(s[3]) or -1, tonumber(s[4]) or 0,
-      tonumber(s[5]) or 0}
+      tonumber(s[5]) or 0, tonumber(s[6]) or 0}
     -- {rate name, index into the state, units, ms per unit}
     if c.rpm then rates[#rates + 1] = {names[i] .. '\31req', i, 1, 1, 60000 / c.rpm} end
     if c.tpm then rates[#rates + 1] = {names[i] .. '\31tok', i, 2, cost, 60000 / c.tpm} end
@@ -86,6 +86,27 @@ for i = 1, nkeys do
       redis.call('ZREMRANGEBYSCORE', KEYS[base + 2], '-inf', now)
       if redis.call('ZCARD', KEYS[base + 2]) >= c.concurrency then full[#full + 1] = i end
     end
+  end
+end
+
+-- A booked call starts later by what the calls before it used above their estimates since it was
+-- booked (release.lua adds that to the KEY's `corr`, in ms of its token rate): its cost was
+-- counted at its estimate's place, and their usage, reported after, went onto the rate's end.
+-- Without this, calls booked at the estimates' pace would all start on time however much more the
+-- first ones used. Its place is kept (nothing is counted again); told to come back then.
+if booking and booking.corr then
+  local shift = 0
+  for i = 1, nkeys do
+    local seen = booking.corr[names[i]]
+    if limits[i] and limits[i].tpm and seen then shift = math.max(shift, states[i][6] - seen) end
+  end
+  if shift >= 1 then
+    for i = 1, nkeys do
+      if limits[i] and limits[i].tpm then booking.corr[names[i]] = states[i][6] end
+    end
+    booking.at = now + shift
+    redis.call('SET', KEYS[3], cjson.encode(booking), 'PX', math.ceil(shift) + 600000)
+    return {'wait', ms(booking.at), 'rate', booking.key, ms(now)}
   end
 end
 
@@ -122,8 +143,13 @@ if binding then
     end
   end
   local key = names[binding[2]]
+  -- What the calls before it have used above their estimates so far, per KEY (see above).
+  local corr = (booking and booking.corr) or {}
+  for i = 1, nkeys do
+    if limits[i] and limits[i].tpm then corr[names[i]] = states[i][6] end
+  end
   -- Kept ten minutes past its time: a step that never comes back (cancelled) leaves nothing.
-  redis.call('SET', KEYS[3], cjson.encode({at = start, key = key, rates = list}), 'PX',
+  redis.call('SET', KEYS[3], cjson.encode({at = start, key = key, rates = list, corr = corr}), 'PX',
     math.ceil(start - now) + 600000)
   return {'wait', ms(start), 'rate', key, ms(now)}
 end

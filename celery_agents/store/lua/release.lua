@@ -32,11 +32,16 @@ for i = 1, nkeys do
     local c = cjson.decode(configs[i])
     local base = 2 + (i - 1) * 3
     if delta ~= 0 then
-      local s = redis.call('HMGET', KEYS[base + 1], 'tok_tat', 'minute', 'tok')
+      local s = redis.call('HMGET', KEYS[base + 1], 'tok_tat', 'minute', 'tok', 'corr')
       local fields = {}
       -- A TAT moved below now counts as now: a call's refund cannot lend the next ones time.
       if c.tpm and s[1] then
         fields = {'tok_tat', ms(math.max(tonumber(s[1]) + delta * 60000 / c.tpm, now))}
+        -- Used above its estimate: the calls booked before this came in start that much later
+        -- (admit.lua); a refund moves no booked start.
+        if delta > 0 then
+          fields[3], fields[4] = 'corr', ms((tonumber(s[4]) or 0) + delta * 60000 / c.tpm)
+        end
       end
       if tonumber(s[2]) == minute then
         fields[#fields + 1], fields[#fields + 2] = 'tok', tonumber(s[3] or '0') + delta
