@@ -303,6 +303,8 @@ def test_a_gate_about_to_expire_says_so_and_extend_keeps_it_open(settings: Setti
         client.catch_up()
         expiring = [e for e in client.store.read_events(sid) if e["type"] == "call_expiring"]
         assert len(expiring) == 1 and expiring[0]["call_id"] == "c1", expiring
+        events_key = client.store.keys.events(sid)
+        assert client.store.client.exists(events_key) == 0, "the waiting session's events packed again"
         client.extend(gate.token or "", 3600)
         time.sleep(0.3)
         client.catch_up()

@@ -156,6 +156,10 @@ class CallStore(StoreCore):
             now=now,
         )
         status = res[0]
+        if status not in ("ok", "approved") or int(res[2]):
+            # the session may still wait (other calls, or a completion that changed nothing but
+            # its events): its events, brought back by this one, are packed again
+            self.pack_waiting(sid)
         if status in ("ok", "approved"):
             return CompletionOutcome(
                 token=token,
@@ -271,6 +275,7 @@ class CallStore(StoreCore):
         if res[0] != "ok":
             err = TOKEN_ERRORS.get(res[0], UnknownToken)
             raise err(token_message(res[0], token), token=token)
+        self.pack_waiting(sid)  # its `call_extended` brought the events back
         call, _ = self.token_call(token)
         stream = self.keys.for_session(sid).completions
         return pending_view(sid, call.model_copy(update={"expires_at": int(res[1]) / 1000}), stream=stream)
@@ -289,8 +294,12 @@ class CallStore(StoreCore):
                 self.client.zrem(expiring, member)
                 continue
             tkey = self.keys.token(sid, parse_token(call.token)[1])
-            res = self._run("warn_call", sid, [field], extra_keys=(tkey, expiring), now=now)
-            written += res[0] == "ok"
+            # `now` picked what is due; the event's time is its id's (a time given would be
+            # written as a field of its own, which a waiting session's packed events do not keep)
+            res = self._run("warn_call", sid, [field], extra_keys=(tkey, expiring), clock="event")
+            if res[0] == "ok":
+                written += 1
+                self.pack_waiting(sid)  # its `call_expiring` brought the events back
         return written
 
     def due_deadlines(self, now: float, limit: int = 100) -> list[tuple[str, str]]:

@@ -103,6 +103,15 @@ class StoreCore:
             self._check_unconfirmed(due)
         return reply
 
+    def pack_waiting(self, sid: str) -> None:
+        """Pack the events of a session left waiting (pack_waiting.lua; nothing if it does not
+        wait), after a write that added events to it. Only memory rides on it: a failure leaves
+        the stream as it is."""
+        try:
+            self._run("pack_waiting", sid, [], clock="event")
+        except (RedisUnavailable, redis.RedisError) as e:
+            log.warning("session %s: its events stay a stream (%s)", sid, e)
+
     def _check_unconfirmed(self, sids: list[str]) -> None:
         """Sessions this process wrote while no replica acknowledged, now that a later write was
         acknowledged: any stored at a lower version than this process knew lost those writes (a

@@ -8,9 +8,7 @@ import logging
 import uuid
 from typing import Any, cast
 
-import redis
-
-from celery_agents.errors import RedisUnavailable, UnknownSession
+from celery_agents.errors import UnknownSession
 from celery_agents.model import ErrorInfo, LlmTurn, SessionHeader, State, UserQuery, UserTurn
 from celery_agents.model.budget import BudgetScope
 from celery_agents.store.admission import HeldCall, LimitStore
@@ -172,19 +170,11 @@ class StepStore(LimitStore, BudgetStore):
         if res[0] != "ok":
             return Committed(res[0], released=released)
         if record.state == State.WAITING and not int(res[2]):
-            self._pack_waiting(sid)
+            self.pack_waiting(sid)
         entry = self._turn_cache.get(sid)
         if entry is not None and len(entry.turns) == record.base_turn_count and entry.digest == record.base_digest:
             self._remember(sid, Transcript([*entry.turns, *record.turns], record.turns_digest, int(res[1])))
         return Committed("ok", int(res[1]), bool(res[2]), released=released)
-
-    def _pack_waiting(self, sid: str) -> None:
-        """Pack the events of a session the commit left waiting (pack_waiting.lua): one round trip
-        more for such a step. Only memory rides on it: a failure leaves the stream as it is."""
-        try:
-            self._run("pack_waiting", sid, [])
-        except (RedisUnavailable, redis.RedisError) as e:
-            log.warning("session %s: its events stay a stream (%s)", sid, e)
 
     def _commit_and_release(
         self, sid: str, args: list[str], token_keys: tuple[str, ...], now: float | None, attempt: str, held: HeldCall

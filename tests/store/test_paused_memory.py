@@ -19,6 +19,7 @@ import pytest
 from bench.harness import DEFER_AGENT
 from celery_agents import Client
 from celery_agents.config import Settings
+from celery_agents.errors import AgentsError
 from celery_agents.store.codec import PACK_WORDS, event_from_entry
 from celery_agents.store.header import SPARSE
 from celery_agents.tools.resolve import parse_agent
@@ -178,6 +179,21 @@ def test_a_follower_blocked_when_the_session_starts_to_wait_gets_the_commits_eve
         follower.join(timeout=40)
         assert "waiting" in seen and seen["waiting"] - committed < 5, "handed at the commit, not at the end of a block"
         assert client.store.client.exists(client.store.keys.events(sid)) == 0, "and packed after"
+
+
+def test_events_written_while_the_session_waits_are_packed_with_the_rest(paused: tuple[Client, str]) -> None:
+    """A deadline moved (`call_extended`) and a completion that changed nothing (`token_rejected`)
+    bring the stream back for their event; the session still waits, and its events are packed
+    again."""
+    client, sid = paused
+    r, keys = client.store.client, client.store.keys
+    (pending,) = client.pending(sid)
+    assert pending.token is not None
+    client.extend(pending.token, 3600)
+    with pytest.raises(AgentsError):
+        client.complete(f"{sid}.{'A' * 24}", {"forged": True})
+    assert r.exists(keys.events(sid)) == 0 and r.exists(keys.packed(sid)) == 1
+    assert [e["type"] for e in client.events(sid)][-2:] == ["call_extended", "token_rejected"]
 
 
 def test_a_packed_value_another_client_spoiled_does_not_stop_the_session(paused: tuple[Client, str]) -> None:
