@@ -143,7 +143,7 @@ def packed_entries(packed: str) -> StreamEntries:
     ms = 0
     for i in range(1, len(lines) - 4, 4):
         step, _, seq = lines[i].partition("-")
-        if not (step.isdigit() and seq.isdigit()):
+        if not (step.isascii() and step.isdigit() and seq.isascii() and seq.isdigit()):
             break  # not as written (another Redis client's value): the rest is left out, as Lua does
         ms += int(step)
         out.append((f"{ms}-{seq}", {"type": lines[i + 1], "version": lines[i + 2], "data": lines[i + 3]}))

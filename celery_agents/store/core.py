@@ -49,9 +49,6 @@ T = TypeVar("T")
 #: turns, calls and events), kept in `<prefix>:format`. A release that changes the layout raises
 #: it; 0.x releases do not migrate older data (docs/architecture.md, "Stored format").
 STORED_FORMAT = 4
-#: earlier formats this release reads as they are, and marks as its own when it meets them (3: the
-#: same but for the packed events of waiting sessions, which releases of format 3 do not read)
-READS_FORMATS = ("3",)
 
 
 class StoreCore:
@@ -261,9 +258,7 @@ class StoreCore:
         for shard in self.keys.all_shards():
             pipe.unlink(shard.old_sessions_index)
         found = pipe.execute()[1]
-        if found in READS_FORMATS:
-            self.client.set(self.keys.format, STORED_FORMAT)
-        elif found != str(STORED_FORMAT):
+        if found != str(STORED_FORMAT):
             raise IncompatibleData(
                 f"this Redis holds celery-agents data of format {found} under prefix {self.keys.prefix!r}; this "
                 f"release reads format {STORED_FORMAT}: run the release that wrote it until its sessions end, or "

@@ -6,6 +6,8 @@ import time
 from collections.abc import Iterator
 from typing import Any, cast
 
+from redis.exceptions import ResponseError
+
 from celery_agents.model import PendingCall, QueuedMessage, SessionHeader, UserQuery
 from celery_agents.store.codec import (
     StreamEntries,
@@ -136,7 +138,14 @@ class ViewStore(StoreCore):
         pipe = self.client.pipeline(transaction=False)
         pipe.xrange(key, min=f"({after}" if after != "0-0" else "-", count=count)
         pipe.get(self.keys.packed(session_id))
-        raw, packed = cast("tuple[StreamEntries, str | None]", pipe.execute())
+        ranged, packed = cast("tuple[StreamEntries | Exception, str | None]", pipe.execute(raise_on_error=False))
+        raw: StreamEntries = []
+        if isinstance(ranged, Exception) and not isinstance(ranged, ResponseError):
+            raise ranged
+        if not isinstance(ranged, Exception):  # a ResponseError: `after` is the last id there may be
+            raw = ranged
+        if isinstance(packed, Exception):
+            raise packed
         if not raw and packed:
             since = stream_id(after)
             raw = [e for e in packed_entries(packed) if stream_id(e[0]) > since][:count]

@@ -130,6 +130,19 @@ def test_a_paused_sessions_events_come_back_as_they_were_whatever_their_text(tmp
         server.stop(kill=True)
 
 
+def test_a_session_whose_events_hold_much_text_keeps_its_stream(settings: Settings) -> None:
+    """Packing passes over the text thirty times, Redis waiting meanwhile: a session with more
+    than 4 KB of event text keeps its stream (whose cost is then a small part of it)."""
+    with Client(settings, inline=True) as client:
+        sid = client.start(parse_agent(AGENT), "Please book a table in Paris.").session_id
+        client.step(sid)
+        r, key = client.store.client, client.store.keys.events(sid)
+        r.xadd(key, {"type": "text_delta", "version": "2", "data": json.dumps({"text": "x" * 4096})})
+        assert client.step(sid).state.value == "waiting"
+        assert r.exists(key) == 1 and r.exists(client.store.keys.packed(sid)) == 0
+        assert [e["type"] for e in client.events(sid)][-1] == "step_committed"
+
+
 def test_a_follower_of_a_waiting_session_wakes_with_its_next_event(paused: tuple[Client, str]) -> None:
     """A blocked read of a session whose stream is packed away waits on the stream's return."""
     client, sid = paused
@@ -199,8 +212,10 @@ def test_events_written_while_the_session_waits_are_packed_with_the_rest(paused:
 def test_a_packed_value_another_client_spoiled_does_not_stop_the_session(paused: tuple[Client, str]) -> None:
     client, sid = paused
     r, keys = client.store.client, client.store.keys
-    r.set(keys.packed(sid), "1 12-0\nnot an id\nx\n1\n{}\n")
-    assert client.read_events(sid) == []
+    for spoiled in ("1 12-0\nnot an id\nx\n1\n{}\n", "1 5-0\n\u00b2-0\nsession_started\n1\n{}\n"):
+        r.set(keys.packed(sid), spoiled)
+        assert client.read_events(sid) == []  # read as Lua reads it: an entry that is not, and the rest, left out
+    assert client.read_events(sid, "18446744073709551615-18446744073709551615") == [], "the last id there may be"
     (pending,) = client.pending(sid)
     assert pending.token is not None
     client.complete(pending.token, {"booked": True})
