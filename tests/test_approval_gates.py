@@ -160,6 +160,23 @@ def test_reject_and_expiry_never_run_the_tool_and_tell_the_model_why(settings: S
     assert runs(log, "pay", "start") == [], "neither the rejected nor the expired gate ran"
 
 
+def test_a_session_that_waits_again_after_an_expiry_has_its_events_packed(settings: Settings, tmp_path: Path) -> None:
+    """The sweeper gives its scripts the time it read once (Redis's); their events' times are
+    their ids' all the same, so the `token_expired` it writes leaves the session's events
+    packable when it waits again (an event with a time of its own is not packed)."""
+    log = tmp_path / "runs.log"
+    llm = ScriptedLlm(llm_turn(pay("c1", 500)), llm_turn(pay("c2", 600)), llm_turn(text="done"))
+    with Client(settings, inline=True, llm=llm) as client:
+        sid = client.start(agent(log), "pay", run=True).session_id
+        gate_of(client, sid)
+        later = client.store.server_time() + 7 * 24 * 3600  # past the gate's deadline
+        assert [f.status for _, f in client.store.expire_due(later)] == ["ok"]
+        assert client.resume(sid).state == State.WAITING  # the model asks again: a second gate
+        events = client.store.read_events(sid)
+        assert "token_expired" in [e["type"] for e in events] and all("at" in e for e in events)
+        assert client.store.client.exists(client.store.keys.events(sid)) == 0, "packed"
+
+
 def test_a_decision_on_another_digest_is_refused_and_changes_nothing(settings: Settings, tmp_path: Path) -> None:
     log = tmp_path / "runs.log"
     llm = ScriptedLlm(llm_turn(pay("c1", 500)), llm_turn(text="paid"))

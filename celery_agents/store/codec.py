@@ -78,8 +78,8 @@ def outcome_json(
 
 
 def event_at(eid: str, fields: dict[str, str]) -> float:
-    """When an event was written (Redis's clock, s): the milliseconds of its stream id, or its `at`
-    where a test gave the script its time (store/lua/_lib.lua)."""
+    """When an event was written (Redis's clock, s): the milliseconds of its stream id (an `at`
+    field, which no script writes any more, is read as it says)."""
     at = fields.get("at")
     return float(at) if at is not None else int(eid.partition("-")[0]) / 1000
 

@@ -3,17 +3,19 @@
 -- state) in the order of store/keys.py; extra keys after them, from KEYS[NKEYS + 1]. store/scripts.py
 -- writes `K`, `STATE_KEYS` and `NKEYS` for each script from the keys its source (and the functions
 -- of this file it calls) names, and the store passes exactly those.
--- ARGV[1] = now in seconds (empty: Redis's clock; set only by tests), ARGV[2] = events cap,
+-- ARGV[1] = now in seconds (empty: Redis's clock; given by the sweeper, which read Redis's
+-- clock once for all it does, and by tests), ARGV[2] = events cap,
 -- ARGV[3] = session id; the rest per script.
 -- Durable times (deadlines compared, owed and index scores, updated times) come from Redis's clock,
 -- the one clock every worker shares; a worker's own clock may be off by any amount. ARGV[1] =
 -- 'event': the script's first event is written before it needs the time, and the time is that
 -- event's stream id (Redis's clock in ms, as TIME would give, one command fewer).
 -- An event carries no `at` field: its readers take its time from its id (store/codec.py
--- `event_from_entry`), which is Redis's clock when it was written. Only a time given by the caller
--- (tests) is written as `at`. So every entry of a stream has the same fields (`type`, `version`,
--- `data`, as the live output's deltas have), those of its first: Redis then stores them once per
--- stream node, not once per entry.
+-- `event_from_entry`), which is Redis's clock when it was written, a time given by the caller
+-- included (it serves the script's comparisons and stored times). So every entry of a stream has
+-- the same fields (`type`, `version`, `data`, as the live output's deltas have), those of its
+-- first: Redis then stores them once per stream node, not once per entry, and a waiting
+-- session's events can be packed (`pack_events` packs only such entries).
 local NOW_MS, NOW
 local GIVEN_NOW = ARGV[1] ~= 'event' and ARGV[1] ~= ''
 if ARGV[1] == 'event' then
@@ -156,9 +158,6 @@ local function xadd_event(...)
 end
 
 local function emit(kind, data)
-  if GIVEN_NOW then
-    return xadd_event('type', kind, 'at', NOW, 'version', version(), 'data', data or '{}')
-  end
   local id = xadd_event('type', kind, 'version', version(), 'data', data or '{}')
   if not NOW_MS then
     NOW_MS = tonumber(string.match(id, '^(%d+)'))
