@@ -133,13 +133,24 @@ class ViewStore(StoreCore):
         """The session's events after `after` (at most `count`); with `block_ms`, when there are
         none yet, the first ones to come within that time. The events of a session left waiting
         are packed into one value (`Keys.packed`), its stream gone until its next event: they are
-        read from there, and a blocked read wakes when that event brings the stream back."""
+        read from there, and a blocked read wakes when that event brings the stream back.
+
+        A blocking read after some event (a follower's next read) blocks first, as the only
+        command it sends while the stream is there: a follower that sent another first was away
+        when a streamed answer's deltas came and went (its step's commit deletes them). The packed
+        value is read when that block brings nothing (a follower that was behind when the session
+        was packed waits out one block)."""
         key = self.keys.events(session_id)
+        if block_ms is not None and after != "0-0":
+            raw = self._xread(key, after, block_ms, count)
+            if raw:
+                return [event_from_entry(eid, fields) for eid, fields in raw]
+            return self.read_events(session_id, after, None, count)
         pipe = self.client.pipeline(transaction=False)
         pipe.xrange(key, min=f"({after}" if after != "0-0" else "-", count=count)
         pipe.get(self.keys.packed(session_id))
         ranged, packed = cast("tuple[StreamEntries | Exception, str | None]", pipe.execute(raise_on_error=False))
-        raw: StreamEntries = []
+        raw = []
         if isinstance(ranged, Exception) and not isinstance(ranged, ResponseError):
             raise ranged
         if not isinstance(ranged, Exception):  # a ResponseError: `after` is the last id there may be
@@ -150,10 +161,13 @@ class ViewStore(StoreCore):
             since = stream_id(after)
             raw = [e for e in packed_entries(packed) if stream_id(e[0]) > since][:count]
         if not raw and block_ms is not None:
-            # RESP2: [[stream, entries]] for the one stream asked, or nothing once the block ran out.
-            res = cast("list[tuple[str, StreamEntries]]", self.client.xread({key: after}, block=block_ms, count=count))
-            raw = res[0][1] if res else []
+            raw = self._xread(key, after, block_ms, count)
         return [event_from_entry(eid, fields) for eid, fields in raw]
+
+    def _xread(self, key: str, after: str, block_ms: int, count: int) -> StreamEntries:
+        # RESP2: [[stream, entries]] for the one stream asked, or nothing once the block ran out.
+        res = cast("list[tuple[str, StreamEntries]]", self.client.xread({key: after}, block=block_ms, count=count))
+        return res[0][1] if res else []
 
     def watch(self, session_id: str) -> None:
         """Say that someone follows the session's events, for `WATCH_S`: its model calls stream
