@@ -294,8 +294,7 @@ class CallStore(StoreCore):
                 self.client.zrem(expiring, member)
                 continue
             tkey = self.keys.token(sid, parse_token(call.token)[1])
-            # `now` picked what is due; the event's time is its id's (a time given would be
-            # written as a field of its own, which a waiting session's packed events do not keep)
+            # `now` picked what is due; the script needs no time of its own (its event's is its id's)
             res = self._run("warn_call", sid, [field], extra_keys=(tkey, expiring), clock="event")
             if res[0] == "ok":
                 written += 1

@@ -78,10 +78,8 @@ def outcome_json(
 
 
 def event_at(eid: str, fields: dict[str, str]) -> float:
-    """When an event was written (Redis's clock, s): the milliseconds of its stream id (an `at`
-    field, which no script writes any more, is read as it says)."""
-    at = fields.get("at")
-    return float(at) if at is not None else int(eid.partition("-")[0]) / 1000
+    """When an event was written (Redis's clock, s): the milliseconds of its stream id."""
+    return int(eid.partition("-")[0]) / 1000
 
 
 def event_from_entry(eid: str, fields: dict[str, str]) -> dict[str, Any]:
