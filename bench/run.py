@@ -387,6 +387,7 @@ def run(
         if result.get("dbos_steps_per_s"):
             result.update(against_dbos(result))
         result.update(bench_slow_model(procs, url, prefix, workers, sizes.slow_sessions))
+        result.update(slow_model_floor(result, sizes))
         result.update(bench_limited(procs, url, prefix, workers, sizes.limited_sessions))
         if metrics_cost:
             result.update(bench_metrics_cost(procs, url, prefix, workers, sizes))
@@ -428,6 +429,29 @@ def model_call_bounds(result: dict[str, Any], sizes: Sizes) -> dict[str, Any]:
     bare_cpu = sum(result["bare_celery_cpu_ms_per_task"].get(k, 0.0) for k in ("worker", "redis", "bench"))
     out["step_latency_ratio_floor"] = (bare_rt + out["model_call_wall_p50_ms"]) / bare_rt
     out["step_throughput_ratio_ceiling"] = bare_cpu / (bare_cpu + out["model_call_cpu_ms"])
+    return out
+
+
+def slow_model_floor(result: dict[str, Any], sizes: Sizes) -> dict[str, Any]:
+    """What a step of the slow-model phase cannot cost less than in worker CPU on this machine
+    (`bench/slow_floor.py`, a fresh process): a no-op Celery task's (`bare_celery_cpu_ms_per_task`,
+    its worker), plus a third of what a session's two model calls over HTTP and its forked tool
+    call cost alone. A loop of plain Celery tasks making the same calls costs at least this much;
+    the durable step's own work (its two scripts, the scheduler, publishing the next step) comes
+    on top."""
+    script = Path(__file__).resolve().parent / "slow_floor.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--calls", str(sizes.model_calls)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
+    out: dict[str, Any] = json.loads(done.stdout)
+    calls = (2 * out["slow_model_model_call_cpu_ms"] + out["slow_model_tool_call_cpu_ms"]) / 3
+    floor = result["bare_celery_cpu_ms_per_task"]["worker"] + calls
+    out["slow_model_cpu_floor_ms_per_step"] = round(floor, 3)
+    out["slow_model_cpu_vs_floor"] = result["slow_model_worker_cpu_ms_per_step"] / floor
     return out
 
 
@@ -518,6 +542,11 @@ def render(result: dict[str, Any]) -> str:
             result["slow_model_max_in_flight"],
         ),
         ("  worker CPU ms per step (goal <= 3)", result["slow_model_worker_cpu_ms_per_step"], ""),
+        (
+            "  floor: no-op task + a third of 2 model calls + 1 tool call (ms)",
+            result["slow_model_cpu_floor_ms_per_step"],
+            "",
+        ),
         (
             f"limited: {result['limited_sessions']} sessions under {result['limited_limit_rpm']} rpm: wall s / 429s",
             result["limited_wall_s"],

@@ -82,6 +82,11 @@ def test_quick_benchmark_prints_every_contract_key() -> None:
         assert isinstance(result[key], float) and result[key] > 0, (key, result[key])
     # The slow-model phase ran every session's three steps against the 1 s model.
     assert result["slow_model_sessions"] == 100 and result["slow_model_max_in_flight"] >= 1
+    # Beside it, the floor its calls set: a no-op task plus a third of two model calls and a tool call.
+    parts = (result["slow_model_model_call_cpu_ms"], result["slow_model_tool_call_cpu_ms"])
+    assert all(isinstance(v, float) and v > 0 for v in parts), parts
+    assert result["slow_model_cpu_floor_ms_per_step"] > result["bare_celery_cpu_ms_per_task"]["worker"]
+    assert result["slow_model_cpu_vs_floor"] > 0
     # The limited phase ran its sessions' two model calls each under the fleet limit.
     assert result["limited_sessions"] == 20 and result["limited_model_calls"] >= 40
     # The DBOS phase ran, or says why not (CI installs `.[dev]` without the `bench` extra).
