@@ -9,7 +9,6 @@ Nothing here imports litellm: commands that call a model reach it through the cl
 
 import contextlib
 import gc
-import os
 import sys
 from collections.abc import Callable, Iterator
 from enum import StrEnum
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 import typer.core
 
+from celery_agents.cli.entry import brief, go_brief, where
 from celery_agents.errors import AgentsError, InvalidInput, RedisUnavailable
 
 if TYPE_CHECKING:
@@ -125,15 +125,7 @@ def _settings(as_json: bool) -> Any:
 
 def _where(client: Any) -> str:
     """The Redis a command used, for error messages (the password redacted)."""
-    return _where_settings(client.settings)
-
-
-def _where_settings(s: Any) -> str:
-    """The Redis of settings `s`, for error messages (the password redacted)."""
-    import re
-
-    place = re.sub(r"//([^@/]*)@", "//***@", s.redis_url) if s.redis_url else f"the embedded Redis under {s.home}"
-    return f"{place} (prefix {s.prefix})"
+    return where(client.settings)
 
 
 @contextlib.contextmanager
@@ -932,7 +924,7 @@ def worker(
     try:
         code = Supervisor(plan).run()
     except RedisUnavailable as exc:  # the state Redis unreachable: refuse to start, naming it
-        _fail(RedisUnavailable(f"{exc.message} — tried {_where_settings(_settings(False))}"), False)
+        _fail(RedisUnavailable(f"{exc.message} — tried {where(_settings(False))}"), False)
     except AgentsError as exc:  # the state Redis unsafe, a port taken: refuse to start
         _fail(exc, False)
     raise typer.Exit(code)
@@ -1089,45 +1081,10 @@ def _root(
     """Durable, step-wise LLM agent sessions on Celery workers with all state in Redis."""
 
 
-#: commands that read, print and end (with none of `_FOLLOWS`): `_go_brief`
-_BRIEF = frozenset(
-    {
-        ("session", "pending"),
-        ("session", "show"),
-        ("session", "list"),
-        ("session", "history"),
-        ("session", "logs"),
-        ("limits", "list"),
-    }
-)
-_FOLLOWS = frozenset({"--follow", "-F"})
-#: the youngest generation's threshold of the collector during such a command (Python's is 700)
-BRIEF_GC_THRESHOLD = 100_000
-
-
-def _brief(args: list[str]) -> bool:
-    """`args` name a command of `_BRIEF`, not following anything."""
-    words = tuple(a for a in args if not a.startswith("-"))[:2]
-    return words in _BRIEF and not _FOLLOWS & set(args)
-
-
-def _go_brief() -> None:
-    """What a command that reads and ends does not need, left out of its start (~12% of it,
-    docs/performance.md): the cyclic garbage collector walking the objects of every import again
-    and again while they load (it runs once per `BRIEF_GC_THRESHOLD` new objects instead of 700,
-    so that a command that drives a woken session inline still collects); pydantic's search of
-    every installed package for plugins; redis-py's asyncio client."""
-    gc.set_threshold(BRIEF_GC_THRESHOLD)
-    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
-    from celery_agents.redis_import import import_redis
-
-    import_redis(lean=True)
-
-
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `agents` console script."""
-    if _brief(list(sys.argv[1:] if argv is None else argv)):
-        _go_brief()
+    if brief(list(sys.argv[1:] if argv is None else argv)):
+        go_brief()
     try:
         _main(argv)
     finally:
@@ -1164,4 +1121,6 @@ def _main(argv: list[str] | None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from celery_agents.cli.entry import main as entry_main
+
+    entry_main()

@@ -1,0 +1,117 @@
+"""`agents session pending [ID] [--limit N] --json` is answered without typer (`cli/entry.py`):
+the same document and exit code as through typer for every spelling it takes, typer for every
+other, and neither typer nor click imported on its way."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from celery_agents.cli.entry import PENDING_LIMIT, pending_request
+from tests.cli.probe import write_probe_agent
+from tests.cli.process import agents, cli_env, ok
+from tests.support.llm_server import LlmServer, calls, text
+from tests.support.ports import free_port
+
+#: runs the command through typer (`cli/main.py` `main`), as every command ran before
+_THROUGH_TYPER = "import sys; from celery_agents.cli.main import main; main(sys.argv[1:])"
+
+
+def _through_typer(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
+    run = subprocess.run([sys.executable, "-c", _THROUGH_TYPER, *argv], env=env, capture_output=True, text=True)
+    return run.returncode, run.stdout
+
+
+def _as_users_run_it(argv: list[str], env: dict[str, str], *flags: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, *flags, "-m", "celery_agents.cli", *argv]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=90)
+
+
+def test_the_spellings_answered_without_typer() -> None:
+    assert pending_request(["session", "pending", "--json"]) == (None, PENDING_LIMIT)
+    assert pending_request(["session", "pending", "abc", "--json"]) == ("abc", PENDING_LIMIT)
+    assert pending_request(["session", "pending", "--json", "abc"]) == ("abc", PENDING_LIMIT)
+    assert pending_request(["session", "pending", "--limit", "5", "--json"]) == (None, 5)
+    assert pending_request(["session", "pending", "--json", "--limit=7", "ab"]) == ("ab", 7)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["session", "pending"],  # human output: rich, through typer
+        ["session", "pending", "--help", "--json"],
+        ["session", "pending", "--json", "--json"],
+        ["session", "pending", "a", "b", "--json"],  # typer says what is wrong
+        ["session", "pending", "--limit", "0", "--json"],  # below typer's minimum
+        ["session", "pending", "--limit", "-1", "--json"],
+        ["session", "pending", "--limit", "5_0", "--json"],  # int() would read it, click perhaps not
+        ["session", "pending", "--limit", " 5", "--json"],
+        ["session", "pending", "--limit", "--json"],
+        ["session", "pending", "--limit=", "--json"],
+        ["session", "pending", "--limit", "5", "--limit", "6", "--json"],
+        ["session", "pending", "-", "--json"],
+        ["session", "pending", "", "--json"],
+        ["session", "pending", "--", "x", "--json"],
+        ["session", "pending", "--jso", "--json"],
+        ["session", "show", "--json"],
+        ["--version", "session", "pending", "--json"],
+    ],
+)
+def test_every_other_spelling_goes_through_typer(argv: list[str]) -> None:
+    assert pending_request(argv) is None
+
+
+@pytest.mark.usefixtures("cli_worker")
+def test_the_same_document_and_exit_code_as_through_typer(
+    llm_server: LlmServer, qenv: dict[str, str], tmp_path: Path
+) -> None:
+    scenario = llm_server.scenario([calls(("approve", {"x": "1"}), ("approve", {"x": "2"})), text("ok")])
+    agent, _ = write_probe_agent(tmp_path, scenario, llm_server.url)
+    view = ok(agents("session", "start", "--agent-file", agent, "-p", "hi", "--run", "--json", env=qenv))
+    sid = view["session_id"]
+    assert len(view["pending"]) == 2
+    down = cli_env(f"redis://127.0.0.1:{free_port()}/0", "nothing")
+    bad = {**qenv, "AGENTS_LEASE_SECONDS": "soon"}  # a setting that does not parse: exit 2
+    cases = [
+        (["session", "pending", "--json"], qenv),
+        (["session", "pending", sid, "--json"], qenv),
+        (["session", "pending", "--json", sid[:10]], qenv),  # a unique prefix
+        (["session", "pending", sid, "--limit", "1", "--json"], qenv),
+        (["session", "pending", "--limit=1", "--json"], qenv),
+        (["session", "pending", "s-nosuch", "--json"], qenv),  # not found: 3
+        (["session", "pending", "--json"], down),  # Redis unreachable
+        (["session", "pending", "--json"], bad),
+    ]
+    seen_codes = set()
+    for argv, env in cases:
+        assert pending_request(argv) is not None, argv
+        run = _as_users_run_it(argv, env)
+        code, out = _through_typer(argv, env)
+        assert (run.returncode, run.stdout) == (code, out), (argv, run.stderr[-500:])
+        doc = json.loads(run.stdout)
+        seen_codes.add(run.returncode)
+        if run.returncode == 0:
+            assert all(p["session_id"] == sid for p in doc["pending"] if argv[2:3] == [sid])
+    assert {0, 2, 3} <= seen_codes and len(seen_codes) >= 4, seen_codes  # listed, refused, not found, down
+    one = json.loads(_as_users_run_it(["session", "pending", sid, "--limit", "1", "--json"], qenv).stdout)
+    assert len(one["pending"]) == 1 and one["pending"][0]["token"] in {p["token"] for p in view["pending"]}
+
+
+@pytest.mark.usefixtures("cli_worker")
+def test_it_imports_neither_typer_nor_click(llm_server: LlmServer, qenv: dict[str, str], tmp_path: Path) -> None:
+    scenario = llm_server.scenario([calls(("approve", {"x": "1"})), text("ok")])
+    agent, _ = write_probe_agent(tmp_path, scenario, llm_server.url)
+    token = ok(agents("session", "start", "--agent-file", agent, "-p", "hi", "--run", "--json", env=qenv))["pending"][
+        0
+    ]["token"]
+    run = _as_users_run_it(["session", "pending", "--json"], qenv, "-X", "importtime")
+    assert run.returncode == 0, run.stderr[-500:]
+    assert token in {p["token"] for p in json.loads(run.stdout)["pending"]}
+    modules = [line.rsplit("|", 1)[1].strip() for line in run.stderr.splitlines() if line.startswith("import time:")]
+    assert "celery_agents.client" in modules  # the listing was read
+    leaked = [m for m in modules if m.split(".")[0] in ("typer", "click", "rich", "celery", "litellm")]
+    assert not leaked, leaked[:8]
