@@ -150,7 +150,7 @@ class Processes:
         extra: list[str] | None = None,
     ) -> subprocess.Popen[bytes]:
         """`agents worker` as a user starts it (`step_processes` None: its default, one per core)."""
-        args = [sys.executable, "-m", "celery_agents.cli.main", "worker", "--queues", queues, "--name", name]
+        args = [sys.executable, "-m", "celery_agents.cli", "worker", "--queues", queues, "--name", name]
         if step_processes:
             args += ["--step-processes", str(step_processes)]
         args += extra or []
@@ -312,7 +312,7 @@ def wait_heartbeat(
 def agents_command() -> list[str]:
     """How to run the `agents` CLI: the console script beside this Python, else `python -m`."""
     script = Path(sys.executable).with_name("agents")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "celery_agents.cli.main"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "celery_agents.cli"]
 
 
 def time_cli(args: list[str], env: dict[str, str], runs: int) -> dict[str, Any]:

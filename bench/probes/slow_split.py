@@ -80,7 +80,7 @@ def one_run(n: int, extra: list[str], pyspy_out: str, rate: int, gil: bool = Fal
         store = bench.store
         agent = parse_agent(slow_agent(model_url))
         name = f"split-{prefix}@bench"
-        args = [sys.executable, "-m", "celery_agents.cli.main", "worker", "--queues", "steps,tools,isolated"]
+        args = [sys.executable, "-m", "celery_agents.cli", "worker", "--queues", "steps,tools,isolated"]
         args += ["--name", name]
         if "--loglevel" not in extra:
             args += ["--loglevel", "WARNING"]

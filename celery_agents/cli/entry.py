@@ -1,71 +1,35 @@
 """The `agents` console script's entry point (also `python -m celery_agents.cli`).
 
-Every command goes through typer (`cli/main.py`) except the one other programs poll: `agents
-session pending [ID] [--limit N] --json`, the calls waiting on a person or another system, is
-answered here without importing typer or building the command tree (~40 ms of its ~280 on a 2-core
-VM, docs/performance.md). It prints the same document and exits with the same codes as through
-typer; any other spelling of it (`--help`, an option it does not know, a value typer would
-refuse or read differently) goes through typer, which says what is wrong.
+Every command goes through typer (`cli/main.py`) except the two that other programs poll: `agents
+session pending [ID] [--limit N] --json` (the calls waiting on a person or another system) and
+`agents session show ID --json` (a session's state) are answered here without importing typer or
+building the command tree (~25 ms of a ~280 ms command on a 2-core VM, docs/performance.md). They
+print the same document and exit with the same codes as through typer; any other spelling of them
+(`--help`, an option they do not know or given twice, a value typer would refuse or read
+differently) goes through typer, which says what is wrong.
 
-Commands that read, print and end also start lean (`go_brief`).
+Commands that read, print and end also start lean (`cli/lean.py`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-import os
 import re
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from celery_agents.cli.lean import go_brief, where
+
 if TYPE_CHECKING:
+    from celery_agents.client import Client
     from celery_agents.errors import AgentsError
 
-#: commands that read, print and end (with none of `_FOLLOWS`): `go_brief`
-_BRIEF = frozenset(
-    {
-        ("session", "pending"),
-        ("session", "show"),
-        ("session", "list"),
-        ("session", "history"),
-        ("session", "logs"),
-        ("limits", "list"),
-    }
-)
-_FOLLOWS = frozenset({"--follow", "-F"})
-#: the youngest generation's threshold of the collector during such a command (Python's is 700)
-BRIEF_GC_THRESHOLD = 100_000
 #: `session pending`'s default `--limit` (as `cli/main.py` declares it)
 PENDING_LIMIT = 1000
 #: a `--limit` answered here: a positive number in plain digits (typer reads every other spelling)
 _LIMIT = re.compile(r"[1-9][0-9]{0,8}")
-
-
-def brief(args: list[str]) -> bool:
-    """`args` name a command of `_BRIEF`, not following anything."""
-    words = tuple(a for a in args if not a.startswith("-"))[:2]
-    return words in _BRIEF and not _FOLLOWS & set(args)
-
-
-def go_brief() -> None:
-    """What a command that reads and ends does not need, left out of its start (~12% of it,
-    docs/performance.md): the cyclic garbage collector walking the objects of every import again
-    and again while they load (it runs once per `BRIEF_GC_THRESHOLD` new objects instead of 700,
-    so that a command that drives a woken session inline still collects); pydantic's search of
-    every installed package for plugins; redis-py's asyncio client."""
-    gc.set_threshold(BRIEF_GC_THRESHOLD)
-    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
-    from celery_agents.redis_import import import_redis
-
-    import_redis(lean=True)
-
-
-def where(settings: Any) -> str:
-    """The Redis of `settings`, for error messages (the password redacted)."""
-    s = settings
-    place = re.sub(r"//([^@/]*)@", "//***@", s.redis_url) if s.redis_url else f"the embedded Redis under {s.home}"
-    return f"{place} (prefix {s.prefix})"
 
 
 def pending_request(args: list[str]) -> tuple[str | None, int] | None:
@@ -94,6 +58,22 @@ def pending_request(args: list[str]) -> tuple[str | None, int] | None:
     return (session_id, PENDING_LIMIT if limit is None else limit) if as_json else None
 
 
+def show_request(args: list[str]) -> str | None:
+    """The session id when `args` are `session show ID --json` in any order, each once; else None."""
+    if args[:2] != ["session", "show"]:
+        return None
+    session_id: str | None = None
+    as_json = False
+    for arg in args[2:]:
+        if arg == "--json" and not as_json:
+            as_json = True
+        elif arg and not arg.startswith("-") and session_id is None:
+            session_id = arg
+        else:
+            return None
+    return session_id if as_json else None
+
+
 def _fail(exc: AgentsError) -> NoReturn:
     from celery_agents.cli.output import emit_json
 
@@ -101,8 +81,9 @@ def _fail(exc: AgentsError) -> NoReturn:
     raise SystemExit(exc.exit_code)
 
 
-def pending(session_id: str | None, limit: int) -> NoReturn:
-    """`agents session pending [ID] --limit N --json`, as `cli/main.py` `session_pending` runs it."""
+def answer(read: Callable[[Client], Any]) -> NoReturn:
+    """Print the document `read` makes of what a client reads, or the error, as `cli/main.py`
+    `_command` does for a command with `--json`; then exit with the contract's code."""
     from celery_agents.cli.output import emit_json
     from celery_agents.client import Client
     from celery_agents.config import Settings
@@ -115,7 +96,7 @@ def pending(session_id: str | None, limit: int) -> NoReturn:
     client = None
     try:
         client = Client(settings)
-        calls = client.pending(session_id, limit=limit)
+        document = read(client)
     except RedisUnavailable as exc:
         _fail(RedisUnavailable(f"{exc.message} — tried {where(settings)}"))
     except AgentsError as exc:
@@ -126,22 +107,34 @@ def pending(session_id: str | None, limit: int) -> NoReturn:
         if client is not None:
             with contextlib.suppress(Exception):  # closing what is gone already
                 client.close()
-    emit_json({"pending": [p.model_dump(mode="json") for p in calls]})
+    emit_json(document)
     raise SystemExit(0)
+
+
+def quick(args: list[str]) -> Callable[[Client], Any] | None:
+    """What a command answered here reads (`answer`), or None: typer runs it."""
+    listing = pending_request(args)
+    if listing is not None:
+        session_id, limit = listing
+        return lambda client: {"pending": [p.model_dump(mode="json") for p in client.pending(session_id, limit=limit)]}
+    shown = show_request(args)
+    if shown is not None:
+        return lambda client: client.show(shown).to_json()
+    return None
 
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `agents` console script."""
     args = list(sys.argv[1:] if argv is None else argv)
-    quick = pending_request(args)
-    if quick is None:
+    read = quick(args)
+    if read is None:
         from celery_agents.cli.main import main as typer_main
 
         typer_main(args)
         return
     go_brief()
     try:
-        pending(*quick)
+        answer(read)
     finally:
         # As `cli/main.py` `main`: what the imports made is left out of the shutdown's collection.
         gc.freeze()

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 import typer.core
 
-from celery_agents.cli.entry import brief, go_brief, where
+from celery_agents.cli.lean import brief, go_brief, where
 from celery_agents.errors import AgentsError, InvalidInput, RedisUnavailable
 
 if TYPE_CHECKING:
@@ -1121,6 +1121,4 @@ def _main(argv: list[str] | None) -> None:
 
 
 if __name__ == "__main__":
-    from celery_agents.cli.entry import main as entry_main
-
-    entry_main()
+    main()

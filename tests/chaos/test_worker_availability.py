@@ -121,7 +121,7 @@ def test_worker_refuses_an_evicting_redis(tmp_path: Path, prefix: str) -> None:
         admin = redis.Redis(port=server.port)
         admin.config_set("maxmemory-policy", "allkeys-lru")
         admin.config_set("maxmemory", "1gb")
-        argv = [sys.executable, "-m", "celery_agents.cli.main", "worker", "--concurrency", "1"]
+        argv = [sys.executable, "-m", "celery_agents.cli", "worker", "--concurrency", "1"]
         refused = subprocess.run(argv, env=worker_env(server.url, prefix), capture_output=True, timeout=120)
         out = (refused.stdout + refused.stderr).decode()
         assert refused.returncode != 0, out
@@ -141,7 +141,7 @@ def test_worker_refuses_a_redis_holding_another_stored_format(tmp_path: Path, pr
     server = RedisServer(tmp_path / "redis").start()
     try:
         redis.Redis(port=server.port).set(f"{prefix}:format", "99")
-        argv = [sys.executable, "-m", "celery_agents.cli.main", "worker", "--concurrency", "1"]
+        argv = [sys.executable, "-m", "celery_agents.cli", "worker", "--concurrency", "1"]
         refused = subprocess.run(argv, env=worker_env(server.url, prefix), capture_output=True, timeout=120)
         out = (refused.stdout + refused.stderr).decode()
         assert refused.returncode != 0, out

@@ -18,7 +18,7 @@ from tests.support.launcher import launcher
 from tests.support.launcher import run as launched
 from tests.support.workers import worker_env
 
-CLI = [sys.executable, "-m", "celery_agents.cli.main"]
+CLI = [sys.executable, "-m", "celery_agents.cli"]
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_AGENT = ROOT / "examples" / "demo-agent.json"
 
@@ -83,7 +83,7 @@ def agents(
     python_flags: tuple[str, ...] = (),
     fork: bool = True,
 ) -> Run:
-    """Run `python -m celery_agents.cli.main ARGS` and wait for it. The process is forked from the
+    """Run `python -m celery_agents.cli ARGS` and wait for it. The process is forked from the
     test run's warm launcher (tests/support/launcher.py) unless `fork=False`, `python_flags` are
     given (`-X importtime` must see every import) or the environment rules it out: then a fresh
     interpreter runs it. Tests of what a process imports, or of how fast it starts, exec."""

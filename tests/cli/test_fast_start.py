@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from celery_agents.cli.entry import BRIEF_GC_THRESHOLD
+from celery_agents.cli.lean import BRIEF_GC_THRESHOLD
 from tests.cli.probe import write_probe_agent
 from tests.cli.process import DEMO_AGENT, Run, agents, cli_env, ok
 from tests.support.llm_server import LlmServer, calls, text
@@ -187,7 +187,7 @@ def test_read_only_commands_hold_the_start_up_budget(
 def test_only_commands_that_read_and_end_start_lean() -> None:
     """The collector runs seldom only in a command that reads, prints and ends; one that follows
     a session, waits, serves or runs steps keeps Python's thresholds."""
-    from celery_agents.cli.entry import brief as _brief
+    from celery_agents.cli.lean import brief as _brief
 
     assert _brief(["session", "pending", "--json"]) and _brief(["session", "pending", "--limit", "5"])
     assert _brief(["session", "logs", "abc", "--json"]) and _brief(["limits", "list"])

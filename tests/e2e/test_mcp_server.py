@@ -47,7 +47,7 @@ async def drive(env: dict[str, str], agent: Path) -> dict[str, Any]:
     """The whole flow through the MCP server; returns what each tool answered."""
     from mcp import Client, StdioServerParameters
 
-    params = StdioServerParameters(command=sys.executable, args=["-m", "celery_agents.cli.main", "mcp-server"], env=env)
+    params = StdioServerParameters(command=sys.executable, args=["-m", "celery_agents.cli", "mcp-server"], env=env)
     seen: dict[str, Any] = {}
     async with Client(params, cache=None) as client:
         listed = {t.name for t in (await client.list_tools()).tools}
@@ -138,7 +138,7 @@ def test_agents_run_on_the_embedded_default_lists_and_calls_mcp_servers(llm_serv
     )
     env = worker_env(None, "agents", home=tmp_path / "home")
     done = subprocess.run(
-        [sys.executable, "-m", "celery_agents.cli.main", "run", "--agent-file", str(agent), "-p", "add", "--json"],
+        [sys.executable, "-m", "celery_agents.cli", "run", "--agent-file", str(agent), "-p", "add", "--json"],
         env=env,
         capture_output=True,
         text=True,

@@ -125,7 +125,7 @@ def test_twenty_concurrent_completers_one_wins(
                 [
                     sys.executable,
                     "-m",
-                    "celery_agents.cli.main",
+                    "celery_agents.cli",
                     "session",
                     "complete",
                     token,

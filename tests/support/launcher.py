@@ -6,7 +6,7 @@ that imports the third-party modules a worker imports (litellm, Celery, kombu, r
 found by a probe: `_preload`) and nothing of celery_agents: some of its modules read the
 environment when imported, and each worker gets its own. For each request it forks; the child
 starts a session of its own, sets its environment, sends stdout and stderr to the log, and runs
-`python -m celery_agents.cli.main`'s code with the worker's argv: the very `agents worker` code,
+`python -m celery_agents.cli`'s code with the worker's argv: the very `agents worker` code,
 forking its Celery workers from its own zygote in turn (tasks/supervisor.py).
 
 A process's /proc/<pid>/environ shows the environment it was exec'd with, not the one set after a
@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-MODULE = "celery_agents.cli.main"
+MODULE = "celery_agents.cli"
 #: keys outside AGENTS_* a forked process may have: read when used, not at import. pytest sets
 #: PYTEST_CURRENT_TEST anew for every test: were it compared, only the first test's workers and
 #: commands could fork, and every later one would pay a fresh interpreter's imports (~10 s of CPU).

@@ -13,7 +13,7 @@ import httpx
 
 from tests.support.ports import free_port
 
-CLI_SERVE = [sys.executable, "-m", "celery_agents.cli.main", "serve"]
+CLI_SERVE = [sys.executable, "-m", "celery_agents.cli", "serve"]
 
 
 class Serve:

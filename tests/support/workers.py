@@ -67,7 +67,7 @@ class Worker:
             *prefix,
             sys.executable,
             "-m",
-            "celery_agents.cli.main",
+            "celery_agents.cli",
             "worker",
             "--queues",
             queues,

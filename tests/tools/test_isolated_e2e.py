@@ -153,7 +153,7 @@ def test_without_an_isolated_worker_run_isolated_runs_the_call(
         assert [p.tool for p in pending] == ["shout"] and client.show(sid).state == State.WAITING
 
         cli = subprocess.run(
-            [sys.executable, "-m", "celery_agents.cli.main", "session", "run-isolated", sid, "--json"],
+            [sys.executable, "-m", "celery_agents.cli", "session", "run-isolated", sid, "--json"],
             env=worker_env(redis_url, prefix, OPENAI_API_KEY=SECRET),
             capture_output=True,
             text=True,

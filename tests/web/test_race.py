@@ -24,7 +24,7 @@ from tests.support.workers import worker_env
 from tests.web.conftest import blocked, gated_agent, one_approval, read_events
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("web_workers")]
-CLI = [sys.executable, "-m", "celery_agents.cli.main"]
+CLI = [sys.executable, "-m", "celery_agents.cli"]
 
 
 def page_form(server: Serve, api_token: str) -> tuple[httpx.Client, str]:
@@ -42,7 +42,7 @@ def race_once(
     sid, token = view["session_id"], view["pending"][0]["token"]
     page, csrf = page_form(server, api_token)
     cli = subprocess.Popen(
-        [sys.executable, "-m", "celery_agents.cli.main", "session", "complete", token, "-", "--json"],
+        [sys.executable, "-m", "celery_agents.cli", "session", "complete", token, "-", "--json"],
         env=worker_env(redis_url, prefix),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,

@@ -1,6 +1,6 @@
-"""`agents session pending [ID] [--limit N] --json` is answered without typer (`cli/entry.py`):
-the same document and exit code as through typer for every spelling it takes, typer for every
-other, and neither typer nor click imported on its way."""
+"""`agents session pending [ID] [--limit N] --json` and `agents session show ID --json` are
+answered without typer (`cli/entry.py`): the same document and exit code as through typer for
+every spelling they take, typer for every other, and neither typer nor click imported on the way."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from celery_agents.cli.entry import PENDING_LIMIT, pending_request
+from celery_agents.cli.entry import PENDING_LIMIT, pending_request, quick, show_request
 from tests.cli.probe import write_probe_agent
 from tests.cli.process import agents, cli_env, ok
 from tests.support.llm_server import LlmServer, calls, text
@@ -37,6 +37,8 @@ def test_the_spellings_answered_without_typer() -> None:
     assert pending_request(["session", "pending", "--json", "abc"]) == ("abc", PENDING_LIMIT)
     assert pending_request(["session", "pending", "--limit", "5", "--json"]) == (None, 5)
     assert pending_request(["session", "pending", "--json", "--limit=7", "ab"]) == ("ab", 7)
+    assert show_request(["session", "show", "abc", "--json"]) == "abc"
+    assert show_request(["session", "show", "--json", "abc"]) == "abc"
 
 
 @pytest.mark.parametrize(
@@ -57,12 +59,19 @@ def test_the_spellings_answered_without_typer() -> None:
         ["session", "pending", "", "--json"],
         ["session", "pending", "--", "x", "--json"],
         ["session", "pending", "--jso", "--json"],
-        ["session", "show", "--json"],
         ["--version", "session", "pending", "--json"],
+        ["session", "show", "--json"],  # typer says the ID is missing
+        ["session", "show", "abc"],
+        ["session", "show", "abc", "--json", "--no-thinking"],
+        ["session", "show", "abc", "def", "--json"],
+        ["session", "show", "abc", "--json", "--json"],
+        ["session", "show", "abc", "--help", "--json"],
+        ["session", "list", "--json"],
+        ["session", "logs", "abc", "--json"],
     ],
 )
 def test_every_other_spelling_goes_through_typer(argv: list[str]) -> None:
-    assert pending_request(argv) is None
+    assert quick(argv) is None
 
 
 @pytest.mark.usefixtures("cli_worker")
@@ -85,33 +94,40 @@ def test_the_same_document_and_exit_code_as_through_typer(
         (["session", "pending", "s-nosuch", "--json"], qenv),  # not found: 3
         (["session", "pending", "--json"], down),  # Redis unreachable
         (["session", "pending", "--json"], bad),
+        (["session", "show", sid, "--json"], qenv),
+        (["session", "show", "--json", sid[:10]], qenv),
+        (["session", "show", "s-nosuch", "--json"], qenv),
+        (["session", "show", sid, "--json"], down),
     ]
     seen_codes = set()
     for argv, env in cases:
-        assert pending_request(argv) is not None, argv
+        assert quick(argv) is not None, argv
         run = _as_users_run_it(argv, env)
         code, out = _through_typer(argv, env)
         assert (run.returncode, run.stdout) == (code, out), (argv, run.stderr[-500:])
         doc = json.loads(run.stdout)
         seen_codes.add(run.returncode)
-        if run.returncode == 0:
+        if run.returncode == 0 and argv[1] == "pending":
             assert all(p["session_id"] == sid for p in doc["pending"] if argv[2:3] == [sid])
+        elif run.returncode == 0:
+            assert doc["session_id"] == sid and doc["state"] == "waiting", doc
     assert {0, 2, 3} <= seen_codes and len(seen_codes) >= 4, seen_codes  # listed, refused, not found, down
     one = json.loads(_as_users_run_it(["session", "pending", sid, "--limit", "1", "--json"], qenv).stdout)
     assert len(one["pending"]) == 1 and one["pending"][0]["token"] in {p["token"] for p in view["pending"]}
 
 
 @pytest.mark.usefixtures("cli_worker")
-def test_it_imports_neither_typer_nor_click(llm_server: LlmServer, qenv: dict[str, str], tmp_path: Path) -> None:
+def test_they_import_neither_typer_nor_click(llm_server: LlmServer, qenv: dict[str, str], tmp_path: Path) -> None:
     scenario = llm_server.scenario([calls(("approve", {"x": "1"})), text("ok")])
     agent, _ = write_probe_agent(tmp_path, scenario, llm_server.url)
-    token = ok(agents("session", "start", "--agent-file", agent, "-p", "hi", "--run", "--json", env=qenv))["pending"][
-        0
-    ]["token"]
-    run = _as_users_run_it(["session", "pending", "--json"], qenv, "-X", "importtime")
-    assert run.returncode == 0, run.stderr[-500:]
-    assert token in {p["token"] for p in json.loads(run.stdout)["pending"]}
-    modules = [line.rsplit("|", 1)[1].strip() for line in run.stderr.splitlines() if line.startswith("import time:")]
-    assert "celery_agents.client" in modules  # the listing was read
-    leaked = [m for m in modules if m.split(".")[0] in ("typer", "click", "rich", "celery", "litellm")]
-    assert not leaked, leaked[:8]
+    view = ok(agents("session", "start", "--agent-file", agent, "-p", "hi", "--run", "--json", env=qenv))
+    token, sid = view["pending"][0]["token"], view["session_id"]
+    for argv in (["session", "pending", "--json"], ["session", "show", sid, "--json"]):
+        run = _as_users_run_it(argv, qenv, "-X", "importtime")
+        assert run.returncode == 0, run.stderr[-500:]
+        assert token in run.stdout  # what was read was printed
+        lines = run.stderr.splitlines()
+        modules = [line.rsplit("|", 1)[1].strip() for line in lines if line.startswith("import time:")]
+        assert "celery_agents.client" in modules
+        leaked = [m for m in modules if m.split(".")[0] in ("typer", "click", "rich", "celery", "litellm")]
+        assert not leaked, (argv, leaked[:8])
