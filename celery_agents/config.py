@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import os
-import re
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from functools import cache
@@ -404,7 +403,9 @@ def _check_url(variable: str, url: str) -> None:
         except ValueError as exc:
             why = str(exc)
     if why:
-        shown = re.sub(r"//([^@/]*)@", "//***@", url)
+        from celery_agents.redis_urls import redact_url
+
+        shown = redact_url(url)
         raise ValueError(f"environment variable {variable}={shown!r}: {why}")
 
 

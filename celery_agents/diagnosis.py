@@ -4,13 +4,13 @@ gives the report; the CLI prints it."""
 
 from __future__ import annotations
 
-import re
 from typing import Any, Literal
 
 from celery_agents.config import Settings
 from celery_agents.model import PendingCall
 from celery_agents.model.admission import limits_json
 from celery_agents.model.recovery import worker_died
+from celery_agents.redis_urls import redact_url
 from celery_agents.store import Store
 from celery_agents.store.durability import Persistence
 from celery_agents.store.health import Backlog, Rewound, Waiting
@@ -64,10 +64,6 @@ def _completions_check(store: Store) -> tuple[Check, dict[str, Any]]:
         detail += " — stuck: no worker applies them (is one running? see its log)"
     figures = {"waiting": cs.waiting, "pending": cs.pending, "lag": cs.lag, "oldest_s": cs.oldest_s}
     return check("completions", not stuck, detail, failure="error"), figures
-
-
-def _redact(url: str) -> str:
-    return re.sub(r"//([^@/]*)@", "//***@", url)
 
 
 def _lapsed_leases(store: Store, older_than: float) -> int:
@@ -159,7 +155,7 @@ def _queue_depths(settings: Settings, store: Store) -> dict[str, int | None]:
 
 def _redis_checks(settings: Settings, store: Store) -> list[Check]:
     """The server, its persistence and its eviction policy (where CONFIG may be read)."""
-    where = _redact(settings.redis_url) if settings.redis_url else f"embedded ({settings.home})"
+    where = redact_url(settings.redis_url) if settings.redis_url else f"embedded ({settings.home})"
     persistence = store.persistence()
     checks = [check("redis", True, f"redis {persistence.version} at {where}", failure="error")]
     if persistence.aof is not None:
@@ -242,7 +238,7 @@ def _queue_checks(
     if settings.broker_url:
         readable = None not in queues.values()
         unreadable = "" if readable else " — cannot read its queues (is it up? are the credentials right?)"
-        checks.append(check("broker", readable, _redact(settings.broker_url) + unreadable, failure="error"))
+        checks.append(check("broker", readable, redact_url(settings.broker_url) + unreadable, failure="error"))
     served = {q for w in workers for q in w.get("queues", [])}
     unserved = {q: n for q, n in queues.items() if n and q not in served}
     if not inline or unserved:

@@ -6,6 +6,7 @@ makes the clients."""
 
 from __future__ import annotations
 
+import re
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,6 +22,18 @@ CLUSTER_FORM = "redis+cluster://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…] (rediss
 _CERT_REQS = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
 _SSL_OPTIONS = ("ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
 _SENTINEL_AUTH = ("sentinel_username", "sentinel_password")
+
+
+#: a URL's user and password: all from `//` to its last `@` before the query (a password may
+#: hold `@` or `/`, written unescaped)
+_USERINFO = re.compile(r"//[^?#]*@")
+#: a password given as a query option (`?sentinel_password=…`)
+_QUERY_SECRET = re.compile(r"([?&][a-z_]*password=)[^&#]*", re.IGNORECASE)
+
+
+def redact_url(url: str) -> str:
+    """`url` with its user, password and any password option shown as `***`, for messages."""
+    return _QUERY_SECRET.sub(r"\1***", _USERINFO.sub("//***@", url))
 
 
 @dataclass(frozen=True)

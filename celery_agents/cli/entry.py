@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -83,7 +84,8 @@ def _fail(exc: AgentsError) -> NoReturn:
 
 def answer(read: Callable[[Client], Any]) -> NoReturn:
     """Print the document `read` makes of what a client reads, or the error, as `cli/main.py`
-    `_command` does for a command with `--json`; then exit with the contract's code."""
+    `_command` does for a command with `--json` (printed before the client closes); then exit
+    with the contract's code."""
     from celery_agents.cli.output import emit_json
     from celery_agents.client import Client
     from celery_agents.config import Settings
@@ -96,18 +98,15 @@ def answer(read: Callable[[Client], Any]) -> NoReturn:
     client = None
     try:
         client = Client(settings)
-        document = read(client)
+        emit_json(read(client))
     except RedisUnavailable as exc:
         _fail(RedisUnavailable(f"{exc.message} — tried {where(settings)}"))
     except AgentsError as exc:
         _fail(exc)
-    except KeyboardInterrupt:
-        raise SystemExit(130) from None
     finally:
         if client is not None:
             with contextlib.suppress(Exception):  # closing what is gone already
                 client.close()
-    emit_json(document)
     raise SystemExit(0)
 
 
@@ -132,9 +131,17 @@ def main(argv: list[str] | None = None) -> None:
 
         typer_main(args)
         return
-    go_brief()
     try:
+        go_brief()
         answer(read)
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None  # as typer ends a command Ctrl-C stopped: no traceback
+    except BrokenPipeError:
+        # The reader left (`| head`): exit 1 without a traceback, as typer does, and with nothing
+        # left for the interpreter's last flush of stdout to fail on.
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(1) from None
     finally:
         # As `cli/main.py` `main`: what the imports made is left out of the shutdown's collection.
         gc.freeze()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gc
 import os
-import re
 from typing import Any
 
 #: commands that read, print and end (with none of `_FOLLOWS`): `go_brief`
@@ -45,6 +44,8 @@ def go_brief() -> None:
 
 def where(settings: Any) -> str:
     """The Redis of `settings`, for error messages (the password redacted)."""
+    from celery_agents.redis_urls import redact_url
+
     s = settings
-    place = re.sub(r"//([^@/]*)@", "//***@", s.redis_url) if s.redis_url else f"the embedded Redis under {s.home}"
+    place = redact_url(s.redis_url) if s.redis_url else f"the embedded Redis under {s.home}"
     return f"{place} (prefix {s.prefix})"

@@ -4,7 +4,9 @@ every spelling they take, typer for every other, and neither typer nor click imp
 
 from __future__ import annotations
 
+import gc
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -131,3 +133,59 @@ def test_they_import_neither_typer_nor_click(llm_server: LlmServer, qenv: dict[s
         assert "celery_agents.client" in modules
         leaked = [m for m in modules if m.split(".")[0] in ("typer", "click", "rich", "celery", "litellm")]
         assert not leaked, (argv, leaked[:8])
+
+
+@pytest.mark.usefixtures("cli_worker")
+def test_a_reader_that_left_ends_it_as_typer_would(qenv: dict[str, str]) -> None:
+    """`agents session pending --json | head -c0`: exit 1 and no traceback, on both paths."""
+    outcomes = []
+    for command in (
+        [sys.executable, "-m", "celery_agents.cli", "session", "pending", "--json"],
+        [sys.executable, "-c", _THROUGH_TYPER, "session", "pending", "--json"],
+    ):
+        read, write = os.pipe()
+        os.close(read)  # the reader is gone before the first byte
+        try:
+            run = subprocess.run(command, env=qenv, stdout=write, stderr=subprocess.PIPE, text=True, timeout=90)
+        finally:
+            os.close(write)
+        outcomes.append((run.returncode, run.stderr))
+    assert outcomes[0] == outcomes[1] == (1, ""), outcomes
+
+
+def test_ctrl_c_ends_it_with_130_and_no_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    from celery_agents.cli import entry
+
+    def interrupted(read: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(entry, "answer", interrupted)
+    monkeypatch.setattr(entry, "go_brief", lambda: None)
+    try:
+        with pytest.raises(SystemExit) as ended:
+            entry.main(["session", "pending", "--json"])
+    finally:
+        gc.unfreeze()  # what `main` froze for its process's exit: this one goes on
+    assert ended.value.code == 130
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://user:se@cret@127.0.0.1:{port}/0",  # an `@` in the password, unescaped
+        "redis://:se/cret@127.0.0.1:{port}/0",  # a `/`
+        "redis://:secret@127.0.0.1:{port}/0?password=secret",
+    ],
+)
+def test_an_unreachable_redis_is_named_without_its_password(url: str) -> None:
+    """The error of a Redis that does not answer names where it was tried, never the password,
+    on either path (and a refused URL's message neither)."""
+    env = cli_env(url.format(port=free_port()), "nothing")
+    for run in (
+        _as_users_run_it(["session", "pending", "--json"], env),
+        _as_users_run_it(["session", "list", "--json"], env),
+    ):
+        assert run.returncode != 0 and run.stdout, run.stderr[-300:]
+        error = json.loads(run.stdout)["error"]
+        assert "127.0.0.1" in error["message"] and "***" in error["message"], error
+        assert "cret" not in run.stdout + run.stderr, error
