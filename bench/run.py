@@ -411,20 +411,22 @@ def run(
     return result
 
 
+def _alone(script: str, calls: int, timeout: float) -> dict[str, Any]:
+    """The JSON object `bench/<script> --calls N` prints, run in a fresh process."""
+    path = Path(__file__).resolve().parent / script
+    done = subprocess.run(
+        [sys.executable, str(path), "--calls", str(calls)], capture_output=True, text=True, timeout=timeout, check=True
+    )
+    out: dict[str, Any] = json.loads(done.stdout)
+    return out
+
+
 def model_call_bounds(result: dict[str, Any], sizes: Sizes) -> dict[str, Any]:
     """The demo model's call through litellm, alone (`bench/model_call.py`, a fresh process), and
     what it leaves reachable: every step makes one such call on top of a Celery task, so its round
     trip is at least Celery's plus the call's wall time, and its CPU at least a no-op task's plus
     the call's CPU (throughput on a CPU-bound machine goes inversely with CPU per item)."""
-    script = Path(__file__).resolve().parent / "model_call.py"
-    done = subprocess.run(
-        [sys.executable, str(script), "--calls", str(sizes.model_calls)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
-    out: dict[str, Any] = json.loads(done.stdout)
+    out = _alone("model_call.py", sizes.model_calls, 300)
     bare_rt = result["bare_celery_roundtrip_p50_ms"]
     bare_cpu = sum(result["bare_celery_cpu_ms_per_task"].get(k, 0.0) for k in ("worker", "redis", "bench"))
     out["step_latency_ratio_floor"] = (bare_rt + out["model_call_wall_p50_ms"]) / bare_rt
@@ -439,15 +441,7 @@ def slow_model_floor(result: dict[str, Any], sizes: Sizes) -> dict[str, Any]:
     call cost alone. A loop of plain Celery tasks making the same calls costs at least this much;
     the durable step's own work (its two scripts, the scheduler, publishing the next step) comes
     on top."""
-    script = Path(__file__).resolve().parent / "slow_floor.py"
-    done = subprocess.run(
-        [sys.executable, str(script), "--calls", str(sizes.model_calls)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=True,
-    )
-    out: dict[str, Any] = json.loads(done.stdout)
+    out = _alone("slow_floor.py", sizes.model_calls, 600)
     calls = (2 * out["slow_model_model_call_cpu_ms"] + out["slow_model_tool_call_cpu_ms"]) / 3
     floor = result["bare_celery_cpu_ms_per_task"]["worker"] + calls
     out["slow_model_cpu_floor_ms_per_step"] = round(floor, 3)
