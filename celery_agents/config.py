@@ -393,8 +393,9 @@ def _check_url(variable: str, url: str) -> None:
     elif scheme in ("redis", "rediss"):
         try:
             urlsplit(url).port  # noqa: B018 - raises on a port that is not a number (no host: localhost)
-        except ValueError as exc:
-            why = str(exc)
+        except ValueError:
+            # Not urllib's words: they quote the "port", which is a password holding a `/`.
+            why = "Port could not be read as a number from 0 to 65535"
     elif scheme.endswith(("+sentinel", "+cluster")):
         from celery_agents.redis_urls import is_cluster_url, parse_cluster_url, parse_sentinel_url
 

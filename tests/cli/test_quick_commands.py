@@ -173,7 +173,7 @@ def test_ctrl_c_ends_it_with_130_and_no_traceback(monkeypatch: pytest.MonkeyPatc
     "url",
     [
         "redis://user:se@cret@127.0.0.1:{port}/0",  # an `@` in the password, unescaped
-        "redis://:se/cret@127.0.0.1:{port}/0",  # a `/`
+        "redis://:cret/x@127.0.0.1:{port}/0",  # a `/`: urllib reads `cret` as the port
         "redis://:secret@127.0.0.1:{port}/0?password=secret",
     ],
 )
