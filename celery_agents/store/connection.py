@@ -20,6 +20,7 @@ refuses without one (`BrokerMissing`).
 from __future__ import annotations
 
 import contextlib
+import re
 import ssl
 import threading
 import time
@@ -43,7 +44,7 @@ import_redis()  # without OpenTelemetry (celery_agents/redis_import.py)
 import redis  # noqa: E402
 import redis.client  # noqa: E402
 import redis.cluster  # noqa: E402
-from redis.backoff import ExponentialBackoff  # noqa: E402
+from redis.backoff import ExponentialBackoff, NoBackoff  # noqa: E402
 from redis.exceptions import NoScriptError  # noqa: E402
 from redis.retry import Retry  # noqa: E402
 from redis.sentinel import Sentinel, SentinelConnectionPool  # noqa: E402
@@ -87,10 +88,21 @@ def translated(exc: redis.RedisError) -> redis.RedisError:
     new.args = exc.args
     new.__dict__.update(exc.__dict__)
     reached = isinstance(exc, _UNREACHED)
-    new.message = f"cannot reach Redis: {exc}" if reached else f"Redis refused a command: {exc}"  # type: ignore[attr-defined]
+    said = _plain(str(exc))
+    new.message = f"cannot reach Redis: {said}" if reached else f"Redis refused a command: {said}"  # type: ignore[attr-defined]
     new.details = {}  # type: ignore[attr-defined]
     new.__traceback__ = exc.__traceback__
     return new
+
+
+#: a redis-py client's repr (a sentinel's, in MasterNotFoundError): its connection's every option
+#: and object ids, of which a message keeps the address
+_CLIENT_REPR = re.compile(r"<redis\.client\.Redis\(.*?\bhost=([^,]*),port=([^,]*),.*?\)>\)>\)>")
+
+
+def _plain(text: str) -> str:
+    """`text` with each redis-py client's repr in it replaced by the address it was connecting to."""
+    return _CLIENT_REPR.sub(lambda m: f"sentinel {m[1]}:{m[2]}", text)
 
 
 class _Translated:
@@ -327,8 +339,9 @@ def _cluster_client(url: ClusterUrl) -> redis.Redis:
 
 def _sentinel_client(url: SentinelUrl) -> redis.Redis:
     tls = {"ssl": True, **url.ssl_options} if url.tls else {}
-    # Sentinels answer small questions: a short timeout, so a dead one is passed over quickly.
-    asking: dict[str, Any] = {"socket_connect_timeout": 2, "socket_timeout": 2, **tls}
+    # Sentinels answer small questions: a short timeout and no retry (redis-py's default retries a
+    # refused connection ten times, ~3 s), so a dead one is passed over at once for the next.
+    asking: dict[str, Any] = {"socket_connect_timeout": 2, "socket_timeout": 2, "retry": Retry(NoBackoff(), 0), **tls}
     if url.sentinel_password is not None:
         asking.update(username=url.sentinel_username, password=url.sentinel_password)
     sentinel = Sentinel(list(url.sentinels), sentinel_kwargs=asking)  # type: ignore[no-untyped-call]

@@ -4,15 +4,18 @@ for TLS): what the state client and the Celery broker are made of, and what is r
 from __future__ import annotations
 
 import ssl
+import time
 
 import pytest
 from redis.sentinel import SentinelConnectionPool
 
 from celery_agents.config import Settings
+from celery_agents.errors import RedisUnavailable
 from celery_agents.redis_urls import parse_sentinel_url
 from celery_agents.store import broker_url, client_for_url
 from celery_agents.store.connection import broker_options
 from celery_agents.tasks.config import make_app, steps_unacknowledged
+from tests.support.ports import free_port
 
 
 def test_a_sentinel_url_names_every_sentinel_the_master_the_database_and_the_credentials() -> None:
@@ -96,3 +99,20 @@ def test_plain_redis_urls_are_unchanged() -> None:
     settings = Settings(redis_url="redis://u:p@127.0.0.1:6379/4")
     assert broker_url(settings) == "redis://u:p@127.0.0.1:6379/4"
     assert "master_name" not in make_app(settings).conf.broker_transport_options
+
+
+def test_sentinels_out_of_reach_are_passed_over_at_once_and_named_plainly() -> None:
+    """No sentinel answers: the state client says so in a few seconds (each dead sentinel is
+    passed over at once, not retried with a backoff: the sentinels are several), and its message
+    names each sentinel by its address, not by the client's repr with its object ids."""
+    dead = [free_port(), free_port()]
+    client = client_for_url(f"redis+sentinel://127.0.0.1:{dead[0]},127.0.0.1:{dead[1]}/mymaster")
+    began = time.monotonic()
+    with pytest.raises(RedisUnavailable) as caught:
+        client.ping()
+    took = time.monotonic() - began
+    message = str(getattr(caught.value, "message", ""))
+    assert message.startswith("cannot reach Redis: No master found for 'mymaster'"), message
+    assert f"sentinel 127.0.0.1:{dead[0]}" in message and f"sentinel 127.0.0.1:{dead[1]}" in message, message
+    assert " at 0x" not in message and "<redis" not in message, message
+    assert took < 5, f"{took:.1f} s to find that no sentinel answers (33 s with redis-py's default retries)"
