@@ -1,8 +1,8 @@
-"""A sub-agent step's claims on the budgets of the sessions above it (the scheduler's `BudgetPort`).
+"""A step's claims on its session's budget and those of the sessions above it (the scheduler's `BudgetPort`).
 
 Sibling sub-agents run at once, so the spend an ancestor's budget shows when a step reads it says
 nothing of the calls its siblings are making. Each model call and each batch of tool calls of a
-session below a budget is claimed on that budget first (`Store.claim_budget`, one round trip, in
+session with a budget, or below one, is claimed on that budget first (`Store.claim_budget`, one round trip, in
 place of reading those budgets): a count is never passed, and a token or cost limit is crossed by
 at most the one call in flight when it is crossed. What a model call may spend is bounded from
 its request: its prompt's UTF-8 bytes (no tokenizer makes more tokens than bytes) plus a few
@@ -11,7 +11,10 @@ tokens of framing per message, plus the answer's `max_tokens` (or `max_completio
 has no bound and runs only when no other model call under that budget is in flight. A claim that
 must wait puts the step back, like a fleet limit (`Throttled`, reason "budget"), to look again in
 `BUDGET_WAIT_S`. The claim lives while the step does (renewed with its lease) and goes with its
-commit, or when it ends without one.
+commit, or when it ends without one. A worker that dies after claiming a model call leaves its
+claim to lapse: the call was made, or may have been, and its answer is lost, so the next claim on
+that budget spends it there (the model call, and the tokens and cost of its bound) — the step
+redone asks the model again, and both calls count.
 """
 
 from __future__ import annotations
@@ -72,7 +75,8 @@ class BudgetClaims:
     def __init__(self, store: Store, header: SessionHeader, owner: str) -> None:
         self.store = store
         self.own = header.session_id
-        self.above = tuple(header.bounded_by)
+        #: the budgets claimed: the session's own, then those above it
+        self.above = (self.own, *header.bounded_by) if header.budget is not None else tuple(header.bounded_by)
         self.member = f"{header.session_id} {header.version} {owner}"
         self.held: HeldClaim | None = None
         self._renewals = contextlib.ExitStack()

@@ -63,7 +63,7 @@ class CommitRecord:
     summary: str = ""
     #: the ids of the deltas its model call streamed to the session's events: the commit deletes them
     deltas: tuple[str, ...] = ()
-    #: the step's claims on the budgets above it (store/budget.py): the commit ends them
+    #: the step's claims on the budgets of the session and those above it (store/budget.py): the commit ends them
     claim: HeldClaim | None = None
 
     @property
@@ -115,6 +115,8 @@ class CommitRecord:
             body["deltas"] = list(self.deltas)
         if self.claim is not None:
             body["claim"], body["n_claims"] = self.claim.member, len(self.claim.above)
+            # whose header each claim's budget is: 0 this session's, j the j-th above
+            body["claim_at"] = [0 if s == self.session_id else self.above.index(s) + 1 for s in self.claim.above]
         return json.dumps(body, ensure_ascii=False)
 
 

@@ -134,3 +134,35 @@ def test_an_approved_gate_killed_while_it_runs_completes_once_and_never_runs_bef
     starts = runs(log, "pay", phase="start")
     assert len(starts) == 2 and {r["key"] for r in starts} == {r["key"] for r in runs(log, "pay")}
     assert len({r["key"] for r in starts}) == 1 and starts[0]["args"] == {"x": 7, "sleep": 3}
+
+
+@pytest.mark.parametrize("kill_at", ["during_llm_call", "after_llm_answered"])
+def test_a_model_call_lost_with_its_worker_counts_against_the_budget(
+    kill_at: str, fleet: Fleet, chaos_settings: Settings, llm_server: LlmServer, write_agent: Any, tmp_path: Path
+) -> None:
+    """A session may make two model calls. Its worker dies while the first is made, or after it
+    answered and before the step's commit: the provider was asked (and charges) but the answer is
+    lost, so the step asks again. That was the second call: the model is never asked a third time,
+    and the session ends `budget_exceeded` with the two calls the provider saw as its spend."""
+    during = kill_at == "during_llm_call"
+    log = tmp_path / "runs.jsonl"
+    scenario = llm_server.scenario([conversation(delay_first=30 if during else 0)])
+    path = write_agent({**agent(scenario, llm_server.url, log), "budget": {"modelCalls": 2}})
+    doomed = fleet.start(**({} if during else {"AGENTS_FAULT_PAUSE": "after_llm"}))
+    with Client(chaos_settings, inline=False) as client:
+        store = client.store
+        sid = client.start(path, "go", run=True, wait=False).session_id
+        if during:
+            wait_for(lambda: llm_server.count(scenario) == 1, what="the model call to start")
+        else:
+            wait_for(lambda: store.client.get(store.keys.fault("after_llm")) == sid, what="the model to answer")
+        doomed.kill()
+        fleet.start()
+        wait_for(lambda: store.header(sid).status.value != "active", timeout=90, what="a fresh worker to end it")
+        header = store.header(sid)
+        assert header.error is not None and header.error.code == "budget_exceeded", header.error
+        assert "modelCalls spent 2, limit 2" in header.error.message
+        assert header.spent.model_calls == 2
+        assert len(store.claims_held(sid)) == 0
+    assert llm_server.count(scenario) == 2, "the provider was asked twice: the lost call and the one that replaced it"
+    assert len(runs(log, "sync_tool", phase="start")) == 1, "the tools the second answer asked for ran"

@@ -26,11 +26,11 @@ from tests.scheduler.fakes import RecordingTools, ScriptedLlm, llm_turn
 CHILD = parse_agent({"slug": "helper", "model": "fake/helper"})
 
 
-def tree(store: Store, budget: dict[str, int] | None) -> tuple[str, str]:
+def tree(store: Store, budget: dict[str, int] | None, child: Any = CHILD) -> tuple[str, str]:
     """A boss with `budget` and the child session one of its calls started (owed its first step)."""
     boss = parse_agent({"slug": "boss", "model": "fake/boss", "budget": budget})
     top = store.create_session(boss, UserQuery(text="go")).session_id
-    store.start_child(top, "1:0", f"{top}-c", CHILD, UserQuery(text="help"))
+    store.start_child(top, "1:0", f"{top}-c", child, UserQuery(text="help"))
     return top, f"{top}-c"
 
 
@@ -119,3 +119,54 @@ def test_a_step_below_a_budget_makes_one_round_trip_more_its_claim(
         assert res.outcome == "committed"
         trips[bool(budget)] = counted.n - before
     assert trips[True] == trips[False] + 1, trips
+
+
+def test_a_session_with_a_budget_claims_its_own_model_call_and_its_commit_ends_the_claim(store: Store) -> None:
+    boss = parse_agent({"slug": "boss", "model": "fake/boss", "budget": {"modelCalls": 3}})
+    top = store.create_session(boss, UserQuery(text="go")).session_id
+    seen: list[dict[str, str]] = []
+
+    class Watching(ScriptedLlm):
+        def complete(self, request: LlmRequest) -> LlmTurn:
+            seen.append(store.claims_held(top))
+            return super().complete(request)
+
+    res = run_step(store, top, 1, llm=Watching(llm_turn(text="done")), tools=RecordingTools(), owner="w1")
+    assert res.outcome == "committed"
+    assert [list(c) for c in seen] == [[f"{top} 1 w1"]], "a worker dying now leaves a claim that lapses into spend"
+    assert store.claims_held(top) == {} and store.header(top).spent.model_calls == 1
+
+
+@pytest.mark.parametrize("late", ["commits", "is refused"])
+def test_a_frozen_step_whose_claim_lapsed_into_spend_adds_no_model_spend_again(store: Store, late: str) -> None:
+    """The step's worker froze after claiming its model call; the claim lapsed, and a sibling's
+    claim spent it at its bound on the budget above. The step wakes and commits (its lease held:
+    nobody took it) or is refused (somebody did): the budget above counts the call once, at its
+    bound; the step's own spend (it has no budget: no claim there) is what the call spent."""
+    store = Store(store.client, replace(store.settings, lease_seconds=5.0))
+    bounded = parse_agent(
+        {
+            "slug": "helper",
+            "model": "fake/helper",
+            "modelParams": {"max_tokens": 50},
+            "pricing": {"inputPerMTokUsd": 1.0, "outputPerMTokUsd": 2.0},
+        }
+    )
+    top, child = tree(store, {"modelCalls": 5, "tokens": 100_000}, bounded)
+
+    class Freezing(ScriptedLlm):
+        def complete(self, request: LlmRequest) -> LlmTurn:
+            ((member, record),) = store.claims_held(top).items()
+            store.client.hset(store.keys.claims(top), member, "0" + record[record.index(" ") :])  # lapsed
+            assert store.claim_budget([top], "sibling 1 w9", BudgetWant(model_calls=1, tokens=10)).outcome == "ok"
+            if late == "is refused":
+                store.client.set(store.keys.lease(child), "w2")  # another worker took the step over
+            return super().complete(request)
+
+    res = run_step(store, child, 1, llm=Freezing(llm_turn(text="done")), tools=RecordingTools(), owner="w1")
+    assert res.outcome == ("committed" if late == "commits" else "lost")
+    top_spent, own = store.header(top).spent, store.header(child).spent
+    assert top_spent.model_calls == 1 and top_spent.tokens > 50, "counted once above, at its bound"
+    assert top_spent.cost_usd == pytest.approx(top_spent.tokens * 2.0 / 1e6), "and at its bound's cost"
+    assert own.model_calls == 1, "the session itself, without a budget, counts what its call spent"
+    assert list(store.claims_held(top)) == ["sibling 1 w9"]

@@ -112,15 +112,43 @@ def test_every_budget_above_is_claimed_and_the_strictest_decides(store: Store) -
 
 def test_a_claim_whose_step_died_lapses_one_lease_later_and_a_renewed_one_stays(store: Store) -> None:
     store = Store(store.client, replace(store.settings, lease_seconds=0.3))
-    boss = parent(store, {"modelCalls": 2}, {"model_calls": 1})
-    assert store.claim_budget([boss], "dead 1 w", MODEL).outcome == "ok"
-    assert store.claim_budget([boss], "b 1 w", MODEL).outcome == "wait"
+    boss = parent(store, {"toolCalls": 2}, {"tool_calls": 1})
+    one = BudgetWant(tool_calls=1)
+    assert store.claim_budget([boss], "dead 1 w", one).outcome == "ok"
+    assert store.claim_budget([boss], "b 1 w", one).outcome == "wait"
     time.sleep(0.4)  # the claim's own lifetime, the point of this test: nothing renews it
-    assert store.claim_budget([boss], "b 1 w", MODEL).outcome == "ok", "the dead step's claim lapsed"
+    assert store.claim_budget([boss], "b 1 w", one).outcome == "ok", "the dead step's claim lapsed"
     ref = LeaseRef(store.keys.claims(boss), "b 1 w", claim=True)
     for _ in range(3):
         time.sleep(0.15)
         assert store.renew_leases([ref]) == ["renewed"]
-    assert store.claim_budget([boss], "c 1 w", MODEL).outcome == "wait", "renewed, it holds"
+    assert store.claim_budget([boss], "c 1 w", one).outcome == "wait", "renewed, it holds"
     store.release_claims([boss], "b 1 w")
     assert store.renew_leases([ref]) == ["lost"]
+
+
+def test_a_lapsed_claim_of_a_model_call_is_spent_at_its_bound_and_one_of_tool_calls_is_not(store: Store) -> None:
+    store = Store(store.client, replace(store.settings, lease_seconds=0.3))
+    boss = parent(store, {"modelCalls": 2, "tokens": 1000, "costUsd": 1.0, "toolCalls": 5}, {"model_calls": 1})
+    dead = BudgetWant(model_calls=1, tokens=120, cost_usd=0.25)
+    assert store.claim_budget([boss], "dead 1 w", dead).outcome == "ok"
+    assert store.claim_budget([boss], "tools 1 w", BudgetWant(tool_calls=3)).outcome == "ok"
+    time.sleep(0.4)  # both steps died: nothing renews their claims
+    again = store.claim_budget([boss], "dead 1 w2", dead)
+    spent = store.header(boss).spent
+    assert (spent.model_calls, spent.tokens, spent.cost_usd, spent.tool_calls) == (2, 120, 0.25, 0), (
+        "the dead step's model call was made, or may have been: it is spent; its tool calls are redone and counted then"
+    )
+    assert again.outcome == "refuse" and again.met is not None
+    assert (again.met.kind, again.met.spent, again.met.limit) == ("modelCalls", 2, 2), "the redone call is refused"
+    assert store.claims_held(boss) == {}
+
+
+def test_a_lapsed_claim_of_an_unbounded_model_call_spends_the_call_alone(store: Store) -> None:
+    store = Store(store.client, replace(store.settings, lease_seconds=0.3))
+    boss = parent(store, {"modelCalls": 5, "tokens": 1000})
+    assert store.claim_budget([boss], "dead 1 w", BudgetWant(model_calls=1, tokens=None, cost_usd=None)).outcome == "ok"
+    time.sleep(0.4)
+    assert store.claim_budget([boss], "next 1 w", MODEL).outcome == "ok"
+    spent = store.header(boss).spent
+    assert (spent.model_calls, spent.tokens, spent.cost_usd) == (1, 0, 0.0)

@@ -8,7 +8,9 @@
 -- unrenewed (ms), ARGV[3] = model calls (0 or 1), ARGV[4] = tool calls, ARGV[5] = the most tokens
 -- the model call may spend (-1: no bound), ARGV[6] = the most it may cost (-1: no bound).
 -- The rule, for each limit of each scope, the spend committed counted with the claims of other
--- steps still in flight (a claim lapsed unrenewed is dropped):
+-- steps still in flight (a claim lapsed unrenewed is dropped; one of a model call is spent: its
+-- model call, and the tokens and cost of its bound, added to the scope's spend here; the step
+-- that made it, if it was only frozen and commits late, adds no model spend to that scope):
 --   * the spend reached the limit: refused (the session fails `budget_exceeded`);
 --   * what is asked fits beside the claims in flight (spent + theirs + this <= limit; for tokens
 --     and cost every call in flight and this one must have a bound): claimed;
@@ -25,6 +27,7 @@ local member = ARGV[1]
 local want = {modelCalls = tonumber(ARGV[3]), toolCalls = tonumber(ARGV[4]), tokens = -2, costUsd = -2}
 if want.modelCalls > 0 then want.tokens, want.costUsd = tonumber(ARGV[5]), tonumber(ARGV[6]) end
 local FIELDS = {tokens = 1, costUsd = 2, modelCalls = 3, toolCalls = 4}
+local SPENT = {'spent_tokens', 'spent_cost', 'spent_model_calls'}
 local KINDS = {'modelCalls', 'tokens', 'costUsd', 'toolCalls'}
 local granted = want.modelCalls > 0 and want.modelCalls or want.toolCalls
 local wait, short = nil, nil
@@ -41,6 +44,19 @@ for i = 1, #KEYS / 2 do
         local e, mc, tc, tok, cost = string.match(all[j + 1], '^(%S+) (%S+) (%S+) (%S+) (%S+)$')
         if tonumber(e) < now then
           redis.call('HDEL', claims, all[j])
+          -- Its step died after claiming a model call: the call was made, or may have been, and
+          -- its answer is lost (the step is redone). It is spent, at its bound where it has one.
+          if tonumber(mc) > 0 then
+            for k, v in ipairs({tonumber(tok), tonumber(cost), tonumber(mc)}) do
+              if v > 0 then
+                if k == 2 then
+                  m[k + 1] = redis.call('HINCRBYFLOAT', meta, SPENT[k], v)
+                else
+                  m[k + 1] = tostring(redis.call('HINCRBY', meta, SPENT[k], v))
+                end
+              end
+            end
+          end
         else
           models, tools = models + tonumber(mc), tools + tonumber(tc)
           for k, v in ipairs({tonumber(tok), tonumber(cost), tonumber(mc), tonumber(tc)}) do

@@ -10,14 +10,17 @@
 --    the step did, for `session history`),
 --    spend = {tokens, cost, model_calls, tool_calls}: what the step spent, n_above,
 --    deltas = [event id]: the live output its model call streamed (store/live.py), deleted here,
---    claim = the step's member in the claims of the budgets above (store/budget.py), n_claims}
+--    claim = the step's member in the claims of the budgets (store/budget.py), n_claims,
+--    claim_at = for each claim, whose header: 0 this session's, j the j-th session above}
 -- ARGV[5..] = n_turns turn JSONs, then one call JSON per field of c.calls.
 -- KEYS[NKEYS+1..] = one key per token, in the order of c.tokens, then (with tokens) the `expiring`
 -- sorted set: each token's `call_expiring` is due when a tenth of its wait (at most an hour) remains;
 -- then the header of each of the `n_above` sessions above this one, its parent first: the step's
 -- spend is added to theirs in the commit (a sub-agent's spend counts against every ancestor);
--- then, with a claim, the claims of each of the `n_claims` sessions above with a budget: the claim
--- ends in the write that adds what it was for, committed or refused.
+-- then, with a claim, the claims of each of the `n_claims` sessions with a budget (this one, those
+-- above): the claim ends in the write that adds what it was for, committed or refused. A claim of a
+-- model call already gone lapsed while the step was frozen, and claim_budget.lua spent its bound on
+-- that budget: the step's model spend is not added there again.
 -- Not wrapped in `once`: the header keeps the last commit's reply (`last_commit`, "<attempt>
 -- <version> <owed>") in the write the commit does anyway, so a retry of this very call (its reply
 -- was lost) gets that reply back instead of 'stale'.
@@ -28,11 +31,30 @@
 local c = cjson.decode(ARGV[4])
 -- What the step spent, added to each session above this one (their headers follow the token
 -- keys); this session's own with `own` (the fleet's: `add_step_counts`).
+-- The step's claims end with its commit (the keys after the headers above): which headers' budgets
+-- already spent its model call (its claim lapsed there), computed once.
+local charged
+local function drop_claims()
+  if charged then return charged end
+  charged = {}
+  if not c.claim then return charged end
+  local at = NKEYS + #c.tokens + ((#c.tokens > 0) and 1 or 0) + (c.spend and c.n_above or 0)
+  local model = c.spend and tonumber(c.spend[3]) > 0
+  for j = 1, c.n_claims do
+    if redis.call('HDEL', KEYS[at + j], c.claim) == 0 and model then charged[c.claim_at[j]] = true end
+  end
+  return charged
+end
+-- `spend` without its model part for a header whose budget spent the model call already.
+local function spend_for(spend, j)
+  if drop_claims()[j] then return {0, 0, 0, spend[4]} end
+  return spend
+end
 local function spend_above(spend, own)
   local above = NKEYS + #c.tokens
   if #c.tokens > 0 then above = above + 1 end
-  if own then add_spend(K.meta, spend) end
-  for j = 1, c.n_above do add_spend(KEYS[above + j], spend) end
+  if own then add_spend(K.meta, spend_for(spend, 0)) end
+  for j = 1, c.n_above do add_spend(KEYS[above + j], spend_for(spend, j)) end
 end
 -- The step's counts with its outcome and, tokens and cost, its spend (`agents_spend_total{kind}`:
 -- each step's own, counted once), added to the fleet's counters: the counts in one command, the
@@ -44,12 +66,6 @@ local function add_step_counts(outcome, spend)
     add_cost(spend[2])
   end
   add_counts(c.counts, more)
-end
--- The step's claims on the budgets above it end with its commit (the keys after the headers above).
-local function drop_claims()
-  if not c.claim then return end
-  local at = NKEYS + #c.tokens + ((#c.tokens > 0) and 1 or 0) + (c.spend and c.n_above or 0)
-  for j = 1, c.n_claims do redis.call('HDEL', KEYS[at + j], c.claim) end
 end
 -- A refused step made its model call all the same: that is spent (its inline tool results are
 -- journaled, and the step that commits in its place reuses and counts them).
@@ -150,8 +166,9 @@ if c.owe and m[6] == 'auto' then
 end
 -- What the step spent, added to the session's own spend in this same write (read above).
 if c.spend then
+  local own = spend_for(c.spend, 0)
   for i, f in ipairs(SPENT) do
-    local total = tonumber(m[10 + i] or '0') + tonumber(c.spend[i])
+    local total = tonumber(m[10 + i] or '0') + tonumber(own[i])
     if total ~= 0 or m[10 + i] then
       fields[#fields + 1] = f
       fields[#fields + 1] = i == 2 and string.format('%.17g', total) or string.format('%d', total)
