@@ -325,7 +325,7 @@ def event_text(e: dict[str, Any]) -> str | None:
         step = max(int(version) - 1, 1)
         return f"step {step}: the model was interrupted by a new message ({dropped} characters dropped{used})"
     if kind == EventType.TOOL_DISPATCHED:
-        return f"{tool} running ({e.get('disposition', '')})"
+        return f"{tool} queued ({e.get('disposition', '')})"  # a worker takes it: no event says when
     if kind == EventType.TOOL_FINISHED:
         state = e.get("state", "")
         word = "done" if state == "completed" else state

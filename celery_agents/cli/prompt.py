@@ -49,7 +49,9 @@ def build_query(parts: list[tuple[str, str]], media_max_bytes: int) -> UserQuery
             texts.append(_read_text(value))
         else:
             attachments.append(read_media(value, media_max_bytes))
-    text = "\n\n".join(t for t in texts if t.strip())
+    kept = [t for t in texts if t.strip()]
+    # One blank line between parts: a file's (or stdin's) own last line break does not add another.
+    text = kept[0] if len(kept) == 1 else "\n\n".join(t.rstrip("\r\n") for t in kept)
     if not text.strip() and not attachments:
         raise InvalidInput("give a prompt: -p TEXT, --file PATH or --media PATH (each may repeat)")
     return UserQuery(text=text, media=attachments)

@@ -53,7 +53,7 @@ def test_prompt_parts_reach_the_model_in_command_line_order(
     assert check_view(ok(run))["response"] == "seen"
     (request,) = llm_server.requests[scenario]
     content = request["messages"][-1]["content"]
-    assert content[0] == {"type": "text", "text": "first\n\nfrom a file\n\n\nthird\n\nfrom stdin\n"}
+    assert content[0] == {"type": "text", "text": "first\n\nfrom a file\n\nthird\n\nfrom stdin"}
     assert content[1]["image_url"]["url"] == "data:image/png;base64," + base64.b64encode(PNG).decode()
     assert content[2]["type"] == "file"
     assert content[2]["file"]["file_data"].startswith("data:application/pdf;base64,")
