@@ -103,7 +103,8 @@ ScriptOutcome = Literal[
     "gone",
     # complete_token: this very call found the deadline passed and expired the call
     "expired_now",
-    # journal_put: the step's lease is another's, or the session moved past its version
+    # journal_put: the step's lease is another's, or the session moved past its version;
+    # record_result: the call's lease is another worker's (this one was frozen past it)
     "lost",
     # complete_token: the completion approved a deferred sub-agent call, which now starts its child
     "approved",

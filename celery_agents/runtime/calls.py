@@ -1,4 +1,10 @@
-"""Running one dispatched call (runAsync or runIsolated) and recording its outcome once."""
+"""Running one dispatched call (runAsync or runIsolated) and recording its outcome once.
+
+The call runs under its lease. A worker frozen past it (the sweeper handed the call to another,
+which took the lease) is stopped when it wakes, at its next renewal, and its outcome is refused
+while the other holds the lease: the run that counts is the holder's, never one the holder's
+recording would race.
+"""
 
 from __future__ import annotations
 
@@ -62,7 +68,7 @@ def run_call(store: Store, session_id: str, field: str, tools: ToolPort, owner: 
         except UntrustedSpec as exc:
             body = outcome_json(CallState.FAILED, error=f"not run: {exc.message}", now=time.time(), attempts=0)
             event = {"call_id": call.call_id, "tool": call.tool, "state": CallState.FAILED.value}
-            finished = store.record_result(session_id, field, body, event)
+            finished = store.record_result(session_id, field, body, event, owner=owner)
             return CallRun(status=finished.status, finished=finished, call=call)
         why = dispatched_refusal(
             agent,
@@ -73,7 +79,7 @@ def run_call(store: Store, session_id: str, field: str, tools: ToolPort, owner: 
             decided=found.decision is not None,
         )
         if why is not None:
-            return _refuse(store, session_id, field, call, lane, why)
+            return _refuse(store, session_id, field, call, lane, why, owner)
         decided: dict[str, Any] = {}
         if found.decision is not None and found.decision.arguments is not None:
             # What the person approved runs (as their decision recorded it), and the transcript says so.
@@ -93,13 +99,15 @@ def run_call(store: Store, session_id: str, field: str, tools: ToolPort, owner: 
             with LeaseKeeper(store, lease.name, owner, still_wanted=still_wanted) as keeper, cancellable(keeper.cancel):
                 outcome = tools.run(agent, session_id, call.model_copy(update={"started_at": started}))
             observe.tool_ran(watch, outcome)
-        finished = _record(store, session_id, field, call, outcome, started, decided, counts=tally.counts)
+        if keeper.lost:
+            log.warning("call %s of session %s: its lease was taken over: outcome not recorded", field, session_id)
+        finished = _record(store, session_id, field, call, outcome, started, owner, decided, counts=tally.counts)
         return CallRun(status=finished.status, finished=finished, call=call)
     finally:
         store.let_go(lease)
 
 
-def _refuse(store: Store, session_id: str, field: str, call: TrackedCall, lane: Lane, why: str) -> CallRun:
+def _refuse(store: Store, session_id: str, field: str, call: TrackedCall, lane: Lane, why: str, owner: str) -> CallRun:
     """A stored call the signed spec does not allow here: nothing runs; the model is told, the
     session's events say `call_refused`, the worker's log and metrics count it."""
     log.warning("refused to run call %s of session %s in %s: %s", field, session_id, lane, why)
@@ -111,7 +119,7 @@ def _refuse(store: Store, session_id: str, field: str, call: TrackedCall, lane: 
         attempts=0,
     )
     event = {"call_id": call.call_id, "tool": call.tool[:64], "state": CallState.FAILED.value, "lane": lane, "why": why}
-    finished = store.record_result(session_id, field, body, event, refused=True, counts=counts)
+    finished = store.record_result(session_id, field, body, event, refused=True, counts=counts, owner=owner)
     return CallRun(status="refused" if finished.status == "ok" else finished.status, finished=finished, call=call)
 
 
@@ -122,10 +130,12 @@ def _record(
     call: TrackedCall,
     outcome: CallOutcome,
     started: float,
+    owner: str,
     decided: dict[str, Any] | None = None,
     counts: Counts | None = None,
 ) -> Finished:
-    """Record the call's outcome (bounded to AGENTS_MAX_RESULT_BYTES); the first writer wins.
+    """Record the call's outcome (bounded to AGENTS_MAX_RESULT_BYTES); the first writer wins, while
+    `owner` still holds the call's lease or nobody does (another holder's run is the one that counts).
     `decided`: an approved gate's arguments (what ran) and decision, kept with its outcome;
     `counts`: what running it counted, for the fleet's counters."""
     outcome = bound_outcome(outcome, store.settings.max_result_bytes)
@@ -146,4 +156,4 @@ def _record(
     if decided:
         body = json.dumps({**json.loads(body), "arguments": decided["arguments"]}, ensure_ascii=False)
     event = {"call_id": call.call_id, "tool": call.tool, "state": state.value, "duration_ms": outcome.duration_ms}
-    return store.record_result(session_id, field, body, event, counts=counts)
+    return store.record_result(session_id, field, body, event, counts=counts, owner=owner)

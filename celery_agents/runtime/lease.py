@@ -50,6 +50,10 @@ class _Held:
         """Apply what a renewal sent at `sent` found."""
         if outcome == "lost":
             self.lost = True
+            if self.still_wanted is not None:
+                # A dispatched call's lease another worker holds now (this one was frozen past
+                # it): that worker runs the call; this copy is stopped, and its outcome refused.
+                self.cancel.set()
             return
         trusted = sent + self.store.settings.lease_seconds * (1 - MARGIN)
         self.valid_until = max(self.valid_until, trusted)
@@ -164,8 +168,9 @@ class LeaseKeeper:
     `slot`: a model call's slot under a concurrency limit (`key` its KEY's slots in flight);
     `claim`: a step's claim on a budget above it (`key` that session's claims, `owner` its member).
 
-    With `still_wanted`, it also asks every quarter second whether the work should go on, and sets
-    `cancel` when not (the tool runner kills the call's processes on that event)."""
+    With `still_wanted` (a dispatched call's lease), it also asks every quarter second whether the
+    work should go on, and sets `cancel` when not, or when the lease is found another's (the tool
+    runner kills the call's processes on that event)."""
 
     def __init__(
         self,

@@ -102,13 +102,18 @@ class CallStore(StoreCore):
         event: dict[str, Any],
         refused: bool = False,
         counts: Counts | None = None,
+        owner: str = "",
     ) -> Finished:
         """Record a dispatched call's outcome (first writer wins); `refused`: the worker ran nothing,
         the stored call disagreeing with the signed spec (the event is `call_refused`). `counts`:
-        what running it counted, added to the fleet's counters by the writer that wins."""
-        args = [field, outcome, json.dumps(event), "1" if refused else "0", counts_json(counts) if counts else ""]
+        what running it counted, added to the fleet's counters by the writer that wins. `owner`:
+        the worker that ran it under the call's lease: refused (status `lost`) while another
+        holds that lease."""
+        counted = counts_json(counts) if counts else ""
+        args = [field, outcome, json.dumps(event), "1" if refused else "0", counted, owner]
+        lease = (self.keys.call_lease(session_id, field),) if owner else ()
         # The call ran (or was refused): its outcome is written however long Redis stays away.
-        res = self._run("record_result", session_id, args, effect=True)
+        res = self._run("record_result", session_id, args, extra_keys=lease, effect=True)
         if res[0] != "ok":
             return Finished(status=res[0])
         return Finished(

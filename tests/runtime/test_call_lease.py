@@ -113,3 +113,39 @@ def test_a_second_delivery_that_waited_before_the_lease_does_not_run_the_call_ag
     b.join(60)
     assert statuses == {"worker-a": "ok", "worker-b": "already"}
     assert len(runs) == 1, f"the tool ran {len(runs)} times"
+
+
+def test_a_worker_whose_call_lease_was_taken_over_is_stopped_and_records_nothing(settings: Settings) -> None:
+    """Worker A runs a dispatched call and freezes past its lease; the sweeper hands the call to
+    worker B, which takes the lease and runs it. A wakes: its tool is stopped (B's run is the one
+    that counts) and whatever A's run returns is not recorded; B's is."""
+    import dataclasses
+    import time
+
+    from celery_agents.tools.cancel import cancelled
+
+    settings = dataclasses.replace(settings, lease_seconds=0.6)
+    store = Store(redis.Redis.from_url(settings.redis_url or "", decode_responses=True), settings)
+    sid = store.create_session(load_agent_file(DEMO), _query(), drive="manual").session_id
+    llm, tools = LitellmPort(), ToolRunner()
+    run_step(store, sid, 1, llm=llm, tools=tools, owner="w")
+    field = run_step(store, sid, 2, llm=llm, tools=tools, owner="w").dispatch[0].field
+    lease_key = store.keys.call_lease(sid, field)
+    stopped: list[bool] = []
+
+    class TakenOverWhileRunning:
+        def run(self, agent: AgentSpec, session_id: str, call: TrackedCall) -> CallOutcome:
+            store.client.set(lease_key, "worker-b")  # A froze; B took the lapsed lease
+            deadline = time.monotonic() + 10
+            while not cancelled() and time.monotonic() < deadline:
+                time.sleep(0.02)  # as the process runner polls the event between its checks
+            stopped.append(cancelled())
+            return tools.run(agent, session_id, call)
+
+    a = run_call(store, sid, field, TakenOverWhileRunning(), "worker-a", "runAsync")  # type: ignore[arg-type]
+    assert stopped == [True], "A's renewal found the lease another's: A's run is stopped"
+    assert a.status == "lost" and a.finished is not None and not a.finished.woken
+    assert store.call_pending(sid, field), "nothing of A's run was recorded"
+    assert store.client.get(lease_key) == "worker-b"
+    b = run_call(store, sid, field, tools, "worker-b", "runAsync")
+    assert b.status == "ok" and not store.call_pending(sid, field)
