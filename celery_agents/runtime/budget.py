@@ -79,13 +79,21 @@ class BudgetClaims:
         self.above = (self.own, *header.bounded_by) if header.budget is not None else tuple(header.bounded_by)
         self.member = f"{header.session_id} {header.version} {owner}"
         self.held: HeldClaim | None = None
+        #: the claim is a model call's, and the model answered it
+        self._model = self._answered = False
         self._renewals = contextlib.ExitStack()
 
     def claim_model(self, request: LlmRequest) -> BudgetClaim:
         if not self.above:
             return BudgetClaim(1)
         tokens = token_bound(request)
-        return self._claim(BudgetWant(model_calls=1, tokens=tokens, cost_usd=cost_bound(request, tokens)), 1)
+        claim = self._claim(BudgetWant(model_calls=1, tokens=tokens, cost_usd=cost_bound(request, tokens)), 1)
+        self._model = claim.granted > 0
+        return claim
+
+    def answered(self) -> None:
+        """The model answered the claimed call: from now on it is spent, committed or not."""
+        self._answered = True
 
     def claim_tools(self, count: int) -> BudgetClaim:
         if not self.above or count <= 0:
@@ -123,10 +131,16 @@ class BudgetClaims:
         return held
 
     def close(self) -> None:
-        """The step ended: stop renewing its claims and delete those its commit did not (if
-        Redis does not answer, they lapse one lease later)."""
+        """The step ended: stop renewing its claims and end those its commit did not. A model
+        call the model answered is spent (the step lost its lease after it: the session was
+        cancelled or moved on; `Store.settle_claims`); other claims are deleted. If Redis does not
+        answer, they lapse one lease later, and a lapsed model call claim is spent then."""
         self._renewals.close()
         held, self.held = self.held, None
         if held is not None:
+            store = self.store.at_once()
             with contextlib.suppress(Exception):
-                self.store.at_once().release_claims(held.above, held.member)
+                if self._model and self._answered:
+                    store.settle_claims(held.above, held.member)
+                else:
+                    store.release_claims(held.above, held.member)

@@ -76,8 +76,17 @@ class FencedLlm:
     journaled: the step's commit, which follows at once, writes it. The call streams to the step's
     `live` output, which also says when a message interrupts it."""
 
-    def __init__(self, store: Store, inner: LlmPort, fence: Fence, live: LiveOutput | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        inner: LlmPort,
+        fence: Fence,
+        live: LiveOutput | None = None,
+        answered: Callable[[], None] | None = None,
+    ) -> None:
         self.store, self.inner, self.fence, self.live = store, inner, fence, live
+        #: told when the model has answered (its budget claim is spent from then on, committed or not)
+        self.answered = answered
 
     def complete(self, request: LlmRequest) -> LlmTurn:
         self.fence.check(request.session_id)
@@ -87,6 +96,8 @@ class FencedLlm:
                 raise LlmInterrupted(Usage(), model=request.agent.model, called=False)
             request = dataclasses.replace(request, live=self.live)
         turn = self.inner.complete(request)
+        if self.answered is not None:
+            self.answered()
         checkpoint("after_llm", self.store, request.session_id)
         return turn
 

@@ -246,7 +246,7 @@ def _decide(
     agent = store.agent(header.agent_hash, header.session_id)
     fence = parts.fence
     ports = Ports(
-        llm=FencedLlm(store, parts.limited, fence, parts.live),
+        llm=FencedLlm(store, parts.limited, fence, parts.live, answered=parts.claims.answered),
         tools=JournaledTools(store, loaded.journal, tools, fence),
         clock=clock or RedisClock(loaded.redis_now),
         ids=ids or SecureIds(),

@@ -103,6 +103,13 @@ class BudgetStore(StoreCore):
             target.hdel(self.keys.claims(sid), member)
         self.through_outage(target.execute)
 
+    def settle_claims(self, above: Sequence[str], member: str) -> int:
+        """End the claims of `member` on the sessions `above` whose step made its model call and
+        will not commit: each model call claim still there is spent at its bound
+        (`lua/settle_claim.lua`). Returns how many were."""
+        keys = [k for sid in above for k in (self.keys.meta(sid), self.keys.claims(sid))]
+        return int(self.through_outage(lambda: self.scripts.run("settle_claim", keys, [member])))
+
     def claims_held(self, session_id: str) -> dict[str, str]:
         """The claims in flight on the budget of `session_id` (member -> record)."""
         return cast("dict[str, str]", self.client.hgetall(self.keys.claims(session_id)))

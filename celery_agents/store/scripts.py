@@ -27,7 +27,17 @@ from celery_agents.store.replication import MasterMoved, ReplicaAcks
 
 #: scripts that are not a session's: their KEYS are named in their own opening comment
 STANDALONE = frozenset(
-    {"journal_put", "lease_renew", "watch", "admit", "release", "slot_renew", "claim_budget", "claim_renew"}
+    {
+        "journal_put",
+        "lease_renew",
+        "watch",
+        "admit",
+        "release",
+        "slot_renew",
+        "claim_budget",
+        "claim_renew",
+        "settle_claim",
+    }
 )
 # Session scripts that only read, or whose repetition is harmless and whose reply is the whole
 # session (begin_step: the same owner takes its own lease again), or that answer their own retries

@@ -170,3 +170,36 @@ def test_a_frozen_step_whose_claim_lapsed_into_spend_adds_no_model_spend_again(s
     assert top_spent.cost_usd == pytest.approx(top_spent.tokens * 2.0 / 1e6), "and at its bound's cost"
     assert own.model_calls == 1, "the session itself, without a budget, counts what its call spent"
     assert list(store.claims_held(top)) == ["sibling 1 w9"]
+
+
+def test_a_model_call_answered_to_a_step_that_then_lost_its_lease_is_spent(store: Store) -> None:
+    """The worker froze while the model answered; meanwhile the session was cancelled and its lease
+    lapsed. Thawed, the step finds its lease lost and commits nothing: the call the provider
+    answered is spent all the same (at its bound: its answer, and its usage, are gone)."""
+    import time
+
+    store = Store(store.client, replace(store.settings, lease_seconds=0.6))
+    boss = parse_agent(
+        {
+            "slug": "boss",
+            "model": "fake/boss",
+            "budget": {"modelCalls": 3},
+            "modelParams": {"max_tokens": 50},
+            "pricing": {"inputPerMTokUsd": 1.0, "outputPerMTokUsd": 2.0},
+        }
+    )
+    top = store.create_session(boss, UserQuery(text="go")).session_id
+
+    class FrozenWhileCancelled(ScriptedLlm):
+        def complete(self, request: LlmRequest) -> LlmTurn:
+            store.cancel(top)
+            store.client.set(store.keys.lease(top), "w2")
+            time.sleep(0.5)  # past the lease's local deadline: the step asks Redis before acting
+            return super().complete(request)
+
+    res = run_step(store, top, 1, llm=FrozenWhileCancelled(llm_turn(text="done")), tools=RecordingTools(), owner="w1")
+    assert res.outcome == "lost"
+    spent = store.header(top).spent
+    assert spent.model_calls == 1 and spent.tokens > 50, spent
+    assert spent.cost_usd == pytest.approx(spent.tokens * 2.0 / 1e6)
+    assert store.claims_held(top) == {}
