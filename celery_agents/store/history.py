@@ -270,7 +270,10 @@ def _fork_header(
     origin: OriginAt, spec: AgentSpec, sid: str, calls: list[TrackedCall], now: float, replay: bool
 ) -> SessionHeader:
     """The fork's header: the origin's transcript at the version, in the state its head implies;
-    steps and usage count the fork's own; approvals for the session (grants) stay the origin's."""
+    steps and usage count the fork's own; approvals for the session (grants) stay the origin's.
+    The fork has its agent file's budget, counting what it spends from the fork on (a grant of
+    the origin's is the origin's), and a fork of a sub-agent's session spends under the budgets
+    above its origin, as its origin does (a fork's id is beside its origin's: one slot)."""
     head = origin.entry.head or "UserTurn"
     last = origin.turns[-1] if origin.turns else None
     status, response = Status.ACTIVE, None
@@ -300,6 +303,9 @@ def _fork_header(
         replays=replay,
         forked_from=origin.header.session_id,
         forked_at=origin.entry.version,
+        budget=spec.budget,
+        ancestors=list(origin.header.ancestors),
+        bounded_by=list(origin.header.bounded_by),
     )
 
 

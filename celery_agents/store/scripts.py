@@ -103,10 +103,15 @@ def _key_table(names: tuple[str, ...]) -> str:
     return f"local K = {{{plain}}}\nlocal STATE_KEYS = {{{states}}}\nlocal NKEYS = {len(names)}\n"
 
 
+#: standalone scripts that share functions of their own (`lua/_claims.lua`), put before them
+_INCLUDES = {"claim_budget": "_claims", "settle_claim": "_claims"}
+
+
 @cache
 def script_source(name: str) -> str:
     if name in STANDALONE:
-        return _read(name)
+        included = _INCLUDES.get(name)
+        return f"{_read(included)}\n{_read(name)}" if included else _read(name)
     return f"{_key_table(key_names(name))}{_read('_lib')}\n{_body(name)}"
 
 

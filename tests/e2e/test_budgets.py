@@ -170,3 +170,28 @@ def test_siblings_running_at_once_cross_their_parent_s_token_limit_with_one_call
     assert limit <= boss.spent.tokens < limit + 500, f"{boss.spent.tokens} tokens spent: passed by more than one call"
     assert all(h.error is not None and h.error.code == "budget_exceeded" for h in helpers), helpers
     assert max(h.spent.model_calls for h in helpers) >= 2
+
+
+def test_a_fork_and_a_rerun_keep_the_agents_budget_counting_from_the_fork(
+    fleet: tuple[Settings, dict[str, str]], llm_server: LlmServer, write_agent: Any, tmp_path: Path
+) -> None:
+    """A fork is a session of its own with its agent file's budget: what the origin spent before
+    the fork is the origin's, and the fork may spend its budget again, no more. (A fork that had
+    no budget let a model that always asks for more run to `maxSteps`.)"""
+    settings, _ = fleet
+    log = tmp_path / "runs.jsonl"
+    model = llm_server.scenario([lambda body: calls(("lookup", {"x": len(body["messages"])}))])
+    path = write_agent(agent("forever", model, llm_server, tools=[lookup(log)], budget={"modelCalls": 2}))
+    with Client(settings) as client:
+        origin = client.start(path, "look it up", run=True, timeout=60)
+        assert origin.error is not None and origin.error.code == "budget_exceeded"
+        assert llm_server.count(model) == 2
+        fork = client.fork(origin.session_id)
+        assert fork.to_json()["budget"]["modelCalls"] == 2 and fork.to_json()["spent"]["modelCalls"] == 0
+        fork = client.resume(fork.session_id, timeout=60)
+        assert fork.error is not None and fork.error.code == "budget_exceeded", fork
+        assert fork.to_json()["spent"]["modelCalls"] == 2 and llm_server.count(model) == 4
+        rerun = client.rerun(origin.session_id, from_version=1, timeout=60)
+        assert rerun.error is not None and rerun.error.code == "budget_exceeded", rerun
+        assert rerun.to_json()["spent"]["modelCalls"] == 2 and llm_server.count(model) == 6
+        assert client.store.header(origin.session_id).spent.model_calls == 2, "the origin's spend is unchanged"

@@ -203,3 +203,19 @@ def test_a_model_call_answered_to_a_step_that_then_lost_its_lease_is_spent(store
     assert spent.model_calls == 1 and spent.tokens > 50, spent
     assert spent.cost_usd == pytest.approx(spent.tokens * 2.0 / 1e6)
     assert store.claims_held(top) == {}
+
+
+def test_a_fork_of_a_sub_agents_session_spends_under_the_budgets_above_its_origin(store: Store) -> None:
+    top, child = tree(store, {"modelCalls": 5})
+    fork = store.fork_session(store.origin_at(child)).header.session_id
+    assert store.header(fork).bounded_by == [top] and store.header(fork).ancestors == [top]
+    seen: list[list[str]] = []
+
+    class Watching(ScriptedLlm):
+        def complete(self, request: LlmRequest) -> LlmTurn:
+            seen.append(list(store.claims_held(top)))
+            return super().complete(request)
+
+    res = run_step(store, fork, 1, llm=Watching(llm_turn(text="done")), tools=RecordingTools(), owner="w1")
+    assert res.outcome == "committed" and seen == [[f"{fork} 1 w1"]], "claimed on the budget above"
+    assert store.header(top).spent.model_calls == 1 and store.header(fork).spent.model_calls == 1

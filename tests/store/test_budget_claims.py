@@ -144,11 +144,21 @@ def test_a_lapsed_claim_of_a_model_call_is_spent_at_its_bound_and_one_of_tool_ca
     assert store.claims_held(boss) == {}
 
 
-def test_a_lapsed_claim_of_an_unbounded_model_call_spends_the_call_alone(store: Store) -> None:
+def test_a_lapsed_claim_of_an_unbounded_model_call_spends_what_its_limits_left(store: Store) -> None:
+    """Without `max_tokens` what the lost call spent is unknown: under a token or cost limit it
+    spent what was left of it (the limit is crossed by one call, never by two); a budget without
+    such a limit counts the model call alone."""
     store = Store(store.client, replace(store.settings, lease_seconds=0.3))
-    boss = parent(store, {"modelCalls": 5, "tokens": 1000})
-    assert store.claim_budget([boss], "dead 1 w", BudgetWant(model_calls=1, tokens=None, cost_usd=None)).outcome == "ok"
+    limited = parent(store, {"modelCalls": 5, "tokens": 1000, "costUsd": 0.3}, {"tokens": 400, "cost": 0.1})
+    counted = parent(store, {"modelCalls": 5})
+    unbounded = BudgetWant(model_calls=1, tokens=None, cost_usd=None)
+    for boss in (limited, counted):
+        assert store.claim_budget([boss], "dead 1 w", unbounded).outcome == "ok"
     time.sleep(0.4)
-    assert store.claim_budget([boss], "next 1 w", MODEL).outcome == "ok"
-    spent = store.header(boss).spent
+    refused = store.claim_budget([limited], "next 1 w", MODEL)
+    assert refused.outcome == "refuse" and refused.met is not None and refused.met.kind == "tokens"
+    spent = store.header(limited).spent
+    assert (spent.model_calls, spent.tokens, spent.cost_usd) == (1, 1000, 0.3), "exactly at the limits"
+    assert store.claim_budget([counted], "next 1 w", MODEL).outcome == "ok"
+    spent = store.header(counted).spent
     assert (spent.model_calls, spent.tokens, spent.cost_usd) == (1, 0, 0.0)

@@ -8,9 +8,9 @@
 -- unrenewed (ms), ARGV[3] = model calls (0 or 1), ARGV[4] = tool calls, ARGV[5] = the most tokens
 -- the model call may spend (-1: no bound), ARGV[6] = the most it may cost (-1: no bound).
 -- The rule, for each limit of each scope, the spend committed counted with the claims of other
--- steps still in flight (a claim lapsed unrenewed is dropped; one of a model call is spent: its
--- model call, and the tokens and cost of its bound, added to the scope's spend here; the step
--- that made it, if it was only frozen and commits late, adds no model spend to that scope):
+-- steps still in flight (a claim lapsed unrenewed is dropped; one of a model call is spent on the
+-- scope here, by _claims.lua `spend_claim`; the step that made it, if it was only frozen and
+-- commits late, adds no model spend to that scope):
 --   * the spend reached the limit: refused (the session fails `budget_exceeded`);
 --   * what is asked fits beside the claims in flight (spent + theirs + this <= limit; for tokens
 --     and cost every call in flight and this one must have a bound): claimed;
@@ -27,7 +27,6 @@ local member = ARGV[1]
 local want = {modelCalls = tonumber(ARGV[3]), toolCalls = tonumber(ARGV[4]), tokens = -2, costUsd = -2}
 if want.modelCalls > 0 then want.tokens, want.costUsd = tonumber(ARGV[5]), tonumber(ARGV[6]) end
 local FIELDS = {tokens = 1, costUsd = 2, modelCalls = 3, toolCalls = 4}
-local SPENT = {'spent_tokens', 'spent_cost', 'spent_model_calls'}
 local KINDS = {'modelCalls', 'tokens', 'costUsd', 'toolCalls'}
 local granted = want.modelCalls > 0 and want.modelCalls or want.toolCalls
 local wait, short = nil, nil
@@ -38,6 +37,7 @@ for i = 1, #KEYS / 2 do
     local budget = cjson.decode(m[1])
     -- The others' claims in flight: {tokens, cost, model calls, tool calls}; a bound of -1 spoils the sum.
     local others, models, tools = {0, 0, 0, 0}, 0, 0
+    local charged = false
     local all = redis.call('HGETALL', claims)
     for j = 1, #all, 2 do
       if all[j] ~= member then
@@ -45,17 +45,10 @@ for i = 1, #KEYS / 2 do
         if tonumber(e) < now then
           redis.call('HDEL', claims, all[j])
           -- Its step died after claiming a model call: the call was made, or may have been, and
-          -- its answer is lost (the step is redone). It is spent, at its bound where it has one.
+          -- its answer is lost (the step is redone). It is spent (_claims.lua `spend_claim`).
           if tonumber(mc) > 0 then
-            for k, v in ipairs({tonumber(tok), tonumber(cost), tonumber(mc)}) do
-              if v > 0 then
-                if k == 2 then
-                  m[k + 1] = redis.call('HINCRBYFLOAT', meta, SPENT[k], v)
-                else
-                  m[k + 1] = tostring(redis.call('HINCRBY', meta, SPENT[k], v))
-                end
-              end
-            end
+            spend_claim(meta, budget, tonumber(mc), tonumber(tok), tonumber(cost))
+            charged = true
           end
         else
           models, tools = models + tonumber(mc), tools + tonumber(tc)
@@ -64,6 +57,9 @@ for i = 1, #KEYS / 2 do
           end
         end
       end
+    end
+    if charged then
+      m = redis.call('HMGET', meta, 'budget', 'spent_tokens', 'spent_cost', 'spent_model_calls', 'spent_tool_calls')
     end
     for _, kind in ipairs(KINDS) do
       local limit = budget[kind]
