@@ -195,7 +195,8 @@ def token_message(status: str, token: str) -> str:
         "unknown": f"unknown token {short!r}",
         "completed": f"token {short!r} was already completed",
         "expired": f"token {short!r} expired: its deadline passed and the model was told no result came",
-        "cancelled": f"token {short!r} was cancelled with its session",
+        "cancelled": f"token {short!r} can no longer be completed: its call ended another way (its session was "
+        "cancelled, or the call was refused)",
         "not_an_approval": f"token {short!r} is not an approval gate: a person supplies its result (complete it)",
         "digest_mismatch": f"token {short!r} waits on another call than the one decided on (the digest differs)",
     }.get(status, f"token {short!r} cannot be completed ({status})")
