@@ -100,7 +100,10 @@ def run_call(store: Store, session_id: str, field: str, tools: ToolPort, owner: 
                 outcome = tools.run(agent, session_id, call.model_copy(update={"started_at": started}))
             observe.tool_ran(watch, outcome)
         if keeper.lost:
+            # Another worker took the call's lease: its run is the one that counts (if it dies, the
+            # call is handed on again); what this stopped run returns is not recorded.
             log.warning("call %s of session %s: its lease was taken over: outcome not recorded", field, session_id)
+            return CallRun(status="lost", call=call)
         finished = _record(store, session_id, field, call, outcome, started, owner, decided, counts=tally.counts)
         return CallRun(status=finished.status, finished=finished, call=call)
     finally:

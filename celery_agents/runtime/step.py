@@ -165,7 +165,11 @@ def _run_loaded(
         try:
             with parts.lease, observe.tallying(tally):
                 t = _decide(store, loaded, parts, tools, clock, ids)
-            if t.commit:
+            # A step that lost its lease commits nothing: commit_step refuses it (the lease, the
+            # version or the session moved). One whose model answered sends its commit anyway,
+            # for that refusal: it adds the call's spend (its usage, to the session and every
+            # one above) and ends its budget claims, as no other way out of the step does.
+            if t.commit and not t.spend.model_calls:
                 parts.fence.check(session_id)
         except BaseException:
             _release_quietly(limited)

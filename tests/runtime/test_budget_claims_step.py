@@ -172,10 +172,11 @@ def test_a_frozen_step_whose_claim_lapsed_into_spend_adds_no_model_spend_again(s
     assert list(store.claims_held(top)) == ["sibling 1 w9"]
 
 
-def test_a_model_call_answered_to_a_step_that_then_lost_its_lease_is_spent(store: Store) -> None:
-    """The worker froze while the model answered; meanwhile the session was cancelled and its lease
-    lapsed. Thawed, the step finds its lease lost and commits nothing: the call the provider
-    answered is spent all the same (at its bound: its answer, and its usage, are gone)."""
+@pytest.mark.parametrize("moved", ["cancelled", "taken over"])
+def test_a_model_call_answered_to_a_step_that_then_lost_its_lease_is_spent(store: Store, moved: str) -> None:
+    """The worker froze while the model answered; meanwhile the session was cancelled, or its
+    lease lapsed and another worker took the step. Thawed, the step's commit is refused: the call
+    the provider answered is spent all the same, at the usage it reported, and its claim ends."""
     import time
 
     store = Store(store.client, replace(store.settings, lease_seconds=0.6))
@@ -190,18 +191,19 @@ def test_a_model_call_answered_to_a_step_that_then_lost_its_lease_is_spent(store
     )
     top = store.create_session(boss, UserQuery(text="go")).session_id
 
-    class FrozenWhileCancelled(ScriptedLlm):
+    class Frozen(ScriptedLlm):
         def complete(self, request: LlmRequest) -> LlmTurn:
-            store.cancel(top)
+            if moved == "cancelled":
+                store.cancel(top)
             store.client.set(store.keys.lease(top), "w2")
             time.sleep(0.5)  # past the lease's local deadline: the step asks Redis before acting
             return super().complete(request)
 
-    res = run_step(store, top, 1, llm=FrozenWhileCancelled(llm_turn(text="done")), tools=RecordingTools(), owner="w1")
-    assert res.outcome == "lost"
+    res = run_step(store, top, 1, llm=Frozen(llm_turn(text="done")), tools=RecordingTools(), owner="w1")
+    assert res.outcome == ("stale" if moved == "cancelled" else "lost"), "nothing of the step was saved"
     spent = store.header(top).spent
-    assert spent.model_calls == 1 and spent.tokens > 50, spent
-    assert spent.cost_usd == pytest.approx(spent.tokens * 2.0 / 1e6)
+    assert (spent.model_calls, spent.tokens) == (1, 12), "the answer's usage (10 + 2), not the bound"
+    assert spent.cost_usd == pytest.approx((10 * 1.0 + 2 * 2.0) / 1e6)
     assert store.claims_held(top) == {}
 
 

@@ -144,8 +144,26 @@ def test_a_worker_whose_call_lease_was_taken_over_is_stopped_and_records_nothing
 
     a = run_call(store, sid, field, TakenOverWhileRunning(), "worker-a", "runAsync")  # type: ignore[arg-type]
     assert stopped == [True], "A's renewal found the lease another's: A's run is stopped"
-    assert a.status == "lost" and a.finished is not None and not a.finished.woken
+    assert a.status == "lost" and a.finished is None
     assert store.call_pending(sid, field), "nothing of A's run was recorded"
     assert store.client.get(lease_key) == "worker-b"
     b = run_call(store, sid, field, tools, "worker-b", "runAsync")
     assert b.status == "ok" and not store.call_pending(sid, field)
+
+
+def test_an_outcome_is_refused_while_another_worker_holds_the_calls_lease(settings: Settings) -> None:
+    """The frozen worker's run ended before its renewal noticed the lease was another's: the
+    recording itself is fenced. A lease that lapsed with nobody holding it does not stop it."""
+    store = Store(redis.Redis.from_url(settings.redis_url or "", decode_responses=True), settings)
+    sid = store.create_session(load_agent_file(DEMO), _query(), drive="manual").session_id
+    llm, tools = LitellmPort(), ToolRunner()
+    run_step(store, sid, 1, llm=llm, tools=tools, owner="w")
+    field = run_step(store, sid, 2, llm=llm, tools=tools, owner="w").dispatch[0].field
+    body = '{"state": "completed", "result": "from a", "attempts": 1}'
+    event = {"call_id": "c", "tool": "get_forecast", "state": "completed"}
+    store.client.set(store.keys.call_lease(sid, field), "worker-b")
+    assert store.record_result(sid, field, body, event, owner="worker-a").status == "lost"
+    assert store.call_pending(sid, field)
+    store.client.delete(store.keys.call_lease(sid, field))
+    assert store.record_result(sid, field, body, event, owner="worker-a").status == "ok"
+    assert not store.call_pending(sid, field)

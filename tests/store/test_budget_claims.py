@@ -162,3 +162,15 @@ def test_a_lapsed_claim_of_an_unbounded_model_call_spends_what_its_limits_left(s
     assert store.claim_budget([counted], "next 1 w", MODEL).outcome == "ok"
     spent = store.header(counted).spent
     assert (spent.model_calls, spent.tokens, spent.cost_usd) == (1, 0, 0.0)
+
+
+def test_a_claim_of_an_earlier_attempt_of_the_same_step_is_spent_at_once(store: Store) -> None:
+    """The step is redone by another worker before the dead attempt's claim has lapsed (its claim
+    was renewed after its lease): the redo holds the step's lease, so the earlier attempt's claim
+    is that of a dead (or frozen) worker, spent now rather than left to lapse unseen."""
+    boss = parent(store, {"modelCalls": 2})
+    assert store.claim_budget([boss], f"{boss} 3 w1", MODEL).outcome == "ok"
+    assert store.claim_budget([boss], f"{boss} 3 w2", MODEL).outcome == "ok"
+    assert list(store.claims_held(boss)) == [f"{boss} 3 w2"]
+    assert store.header(boss).spent.model_calls == 1
+    assert store.claim_budget([boss], f"{boss} 4 w1", MODEL).outcome == "wait", "another step's claim stands"

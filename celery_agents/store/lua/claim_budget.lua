@@ -24,6 +24,7 @@
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local member = ARGV[1]
+local step = string.match(member, '^%S+ %S+ ') or member
 local want = {modelCalls = tonumber(ARGV[3]), toolCalls = tonumber(ARGV[4]), tokens = -2, costUsd = -2}
 if want.modelCalls > 0 then want.tokens, want.costUsd = tonumber(ARGV[5]), tonumber(ARGV[6]) end
 local FIELDS = {tokens = 1, costUsd = 2, modelCalls = 3, toolCalls = 4}
@@ -42,7 +43,9 @@ for i = 1, #KEYS / 2 do
     for j = 1, #all, 2 do
       if all[j] ~= member then
         local e, mc, tc, tok, cost = string.match(all[j + 1], '^(%S+) (%S+) (%S+) (%S+) (%S+)$')
-        if tonumber(e) < now then
+        -- An earlier attempt of this very step (same session and version, another worker): this
+        -- one holds the step's lease now, so that one died or was frozen past it: lapsed.
+        if tonumber(e) < now or string.sub(all[j], 1, #step) == step then
           redis.call('HDEL', claims, all[j])
           -- Its step died after claiming a model call: the call was made, or may have been, and
           -- its answer is lost (the step is redone). It is spent (_claims.lua `spend_claim`).
