@@ -105,6 +105,7 @@ class ForkRecord:
             "dispatched": [c.field for c in self.dispatch],
             "tokens": [token_record(c) for c in self.tokens],
             "replay": [[d, o] for d, o in self.replay.items()],
+            "n_above": len(self.header.ancestors),
         }
         return json.dumps(body, ensure_ascii=False)
 
@@ -201,6 +202,7 @@ class HistoryStore(StoreCore):
                 k.agent_signature(content_hash),
                 k.expiring,
                 *(k.token(sid, (c.token or "").partition(".")[2]) for c in record.tokens),
+                *(k.meta(a) for a in header.ancestors),  # the copied calls it runs again are spent there too
             ),
         )
         if res[0] != "ok":

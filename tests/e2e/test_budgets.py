@@ -20,7 +20,7 @@ from celery_agents.config import Settings
 from celery_agents.model import State
 from celery_agents.store.counters import read_counters
 from tests.cli.process import agents, cli_env
-from tests.e2e.conftest import RECORD, runs, start_workers
+from tests.e2e.conftest import RECORD, runs, start_workers, wait_for
 from tests.support.llm_server import LlmServer, calls, text
 from tests.support.workers import stop_all
 
@@ -195,3 +195,25 @@ def test_a_fork_and_a_rerun_keep_the_agents_budget_counting_from_the_fork(
         assert rerun.error is not None and rerun.error.code == "budget_exceeded", rerun
         assert rerun.to_json()["spent"]["modelCalls"] == 2 and llm_server.count(model) == 6
         assert client.store.header(origin.session_id).spent.model_calls == 2, "the origin's spend is unchanged"
+
+
+def test_a_fork_counts_the_calls_it_runs_again(
+    fleet: tuple[Settings, dict[str, str]], llm_server: LlmServer, write_agent: Any, tmp_path: Path
+) -> None:
+    """Forked while the origin's runAsync call runs, the fork runs that call again: a tool call
+    of its own, counted from the start, so its budget of one tool call is spent by it."""
+    settings, _ = fleet
+    log = tmp_path / "runs.jsonl"
+    model = llm_server.scenario([lambda body: calls(("lookup", {"x": len(body["messages"]), "sleep": 1}))])
+    spec = agent("async", model, llm_server, tools=[lookup(log)], budget={"toolCalls": 1})
+    spec["toolCallPolicy"] = {"default": "runSync", "rules": [{"tool": "lookup", "disposition": "runAsync"}]}
+    path = write_agent(spec)
+    with Client(settings) as client:
+        origin = client.start(path, "look it up", run=True, wait=False)
+        wait_for(lambda: runs(log, "lookup", phase="start"), what="the origin's call to start")
+        fork = client.fork(origin.session_id)
+        assert fork.to_json()["spent"]["toolCalls"] == 1, "the copied call it runs again"
+        fork = client.resume(fork.session_id, timeout=60)
+        assert fork.error is not None and "toolCalls spent 1, limit 1" in fork.error.message, fork
+        wait_for(lambda: client.view(origin.session_id).state == State.FAILED, what="the origin to stop")
+    assert len(runs(log, "lookup", phase="start")) == 2, "once for the origin, once again for the fork"

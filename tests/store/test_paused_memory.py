@@ -159,10 +159,15 @@ def test_a_follower_of_a_waiting_session_wakes_with_its_next_event(paused: tuple
     assert time.monotonic() - started < 15, "woken by the event, not by the end of its block"
 
 
-def _until_a_read_blocks(client: Client) -> None:
-    """Until some client of this Redis is blocked in XREAD (what a test of a blocked read needs)."""
+def _blocked_reads(client: Client) -> int:
+    return sum(1 for c in client.store.client.client_list() if c["cmd"] == "xread" and "b" in c["flags"])
+
+
+def _until_a_read_blocks(client: Client, before: int) -> None:
+    """Until one more client of this Redis than `before` is blocked in XREAD (what a test of a
+    blocked read needs; other tests on the same Redis may hold blocked reads of their own)."""
     deadline = time.monotonic() + 10
-    while not any(c["cmd"] == "xread" and "b" in c["flags"] for c in client.store.client.client_list()):
+    while _blocked_reads(client) <= before:
         assert time.monotonic() < deadline, "no read blocked"
         time.sleep(0.01)
 
@@ -176,8 +181,10 @@ def test_a_follower_blocked_when_the_session_starts_to_wait_gets_the_commits_eve
         client.step(sid)
         seen: dict[str, float] = {}
 
+        start = client.store.last_event_id(sid)
+
         def follow() -> None:
-            after = client.store.last_event_id(sid)
+            after = start
             while "waiting" not in seen:
                 for e in client.read_events(sid, after, block_ms=20_000):
                     after = e["id"]
@@ -185,8 +192,9 @@ def test_a_follower_blocked_when_the_session_starts_to_wait_gets_the_commits_eve
                         seen["waiting"] = time.monotonic()
 
         follower = threading.Thread(target=follow)
+        before = _blocked_reads(client)
         follower.start()
-        _until_a_read_blocks(client)
+        _until_a_read_blocks(client, before)
         assert client.step(sid).state.value == "waiting"
         committed = time.monotonic()
         follower.join(timeout=40)
