@@ -132,8 +132,8 @@ class BudgetClaims:
 
     def close(self) -> None:
         """The step ended: stop renewing its claims and end those its commit did not. A model
-        call the model answered is spent (the step lost its lease after it: the session was
-        cancelled or moved on; `Store.settle_claims`); other claims are deleted. If Redis does not
+        call the model answered is spent at its bound (the step ended without sending its commit
+        after the answer; `Store.settle_claims`); other claims are deleted. If Redis does not
         answer, they lapse one lease later, and a lapsed model call claim is spent then."""
         self._renewals.close()
         held, self.held = self.held, None

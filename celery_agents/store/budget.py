@@ -104,8 +104,8 @@ class BudgetStore(StoreCore):
         self.through_outage(target.execute)
 
     def settle_claims(self, above: Sequence[str], member: str) -> int:
-        """End the claims of `member` on the sessions `above` whose step made its model call and
-        will not commit: each model call claim still there is spent at its bound
+        """End the claims of `member` on the sessions `above` whose step's model answered and
+        which ends without sending its commit: each model call claim still there is spent at its bound
         (`lua/settle_claim.lua`). Returns how many were."""
         keys = [k for sid in above for k in (self.keys.meta(sid), self.keys.claims(sid))]
         return int(self.through_outage(lambda: self.scripts.run("settle_claim", keys, [member])))

@@ -174,3 +174,15 @@ def test_a_claim_of_an_earlier_attempt_of_the_same_step_is_spent_at_once(store: 
     assert list(store.claims_held(boss)) == [f"{boss} 3 w2"]
     assert store.header(boss).spent.model_calls == 1
     assert store.claim_budget([boss], f"{boss} 4 w1", MODEL).outcome == "wait", "another step's claim stands"
+
+
+def test_settling_spends_a_model_calls_claim_once_at_its_bound_and_a_tool_claim_not_at_all(store: Store) -> None:
+    boss = parent(store, {"modelCalls": 5, "tokens": 1000, "costUsd": 1.0})
+    assert store.claim_budget([boss], "a 1 w", BudgetWant(model_calls=1, tokens=120, cost_usd=0.25)).outcome == "ok"
+    assert store.claim_budget([boss], "b 1 w", BudgetWant(tool_calls=2)).outcome == "ok"
+    assert store.settle_claims([boss], "a 1 w") == 1
+    assert store.settle_claims([boss], "a 1 w") == 0, "settled once: the claim is gone"
+    assert store.settle_claims([boss], "b 1 w") == 0, "a tool claim spends nothing: a redo counts its calls"
+    spent = store.header(boss).spent
+    assert (spent.model_calls, spent.tokens, spent.cost_usd, spent.tool_calls) == (1, 120, 0.25, 0)
+    assert store.claims_held(boss) == {}

@@ -1,6 +1,7 @@
--- End a step's claims that its commit will not end: the step made its model call (it was asked,
--- and may have answered) and then ended without a commit (its lease was lost: the session was
--- cancelled or moved on meanwhile). The call is spent (_claims.lua `spend_claim`, as claim_budget.lua
+-- End a step's claims that its commit will not end: the model answered the step's call and the
+-- step then ended without sending its commit (an error after the answer; a step that lost its
+-- lease sends its commit anyway, whose refusal spends the call's usage). The call is spent at its
+-- bound (_claims.lua `spend_claim`, as claim_budget.lua
 -- spends a claim that lapsed). A claim already gone (lapsed and spent by another claim, or never
 -- made) spends nothing here.
 -- KEYS: for each session with a budget (the step's own, those above): its header (the spent_*
